@@ -1,0 +1,87 @@
+"""Pure RL math on arrays: log-probs, advantages, KL, policy and value losses, aggregation.
+
+Nothing here knows about models or configs. Every function works under
+`jax.jit`, `jax.vmap`, `jax.grad`, `jax.shard_map` and `jax.pmap`; functions
+with batch-wide normalisers take `axis_name=` to make them global.
+"""
+
+from jaxrl_llm.core.advantages import (
+  GROUP_ESTIMATORS,
+  dr_grpo_advantages,
+  gae,
+  group_advantages,
+  grpo_advantages,
+  opo_advantages,
+  reinforce_plus_plus,
+  reinforce_plus_plus_baseline_advantages,
+  rloo_advantages,
+  scores_to_token_rewards,
+)
+from jaxrl_llm.core.aggregate import (
+  AGGREGATION_MODES,
+  AggregationMode,
+  aggregate,
+  aggregate_denominator,
+)
+from jaxrl_llm.core.kl import (
+  KL_ESTIMATORS,
+  KLController,
+  KLControllerState,
+  adaptive_kl_controller,
+  fixed_kl_controller,
+  kl_controller,
+  kl_penalty,
+)
+from jaxrl_llm.core.logprobs import chunked_token_logprobs, entropy, token_logprobs
+from jaxrl_llm.core.policy_loss import POLICY_LOSSES, cispo, gspo, ppo_clip, reinforce
+from jaxrl_llm.core.registry import lookup, register
+from jaxrl_llm.core.stats import (
+  masked_max,
+  masked_mean,
+  masked_min,
+  masked_sum,
+  masked_var,
+  masked_whiten,
+)
+from jaxrl_llm.core.value_loss import clipped_value_loss
+
+__all__ = [
+  "AGGREGATION_MODES",
+  "GROUP_ESTIMATORS",
+  "KL_ESTIMATORS",
+  "POLICY_LOSSES",
+  "AggregationMode",
+  "KLController",
+  "KLControllerState",
+  "adaptive_kl_controller",
+  "aggregate",
+  "aggregate_denominator",
+  "chunked_token_logprobs",
+  "cispo",
+  "clipped_value_loss",
+  "dr_grpo_advantages",
+  "entropy",
+  "fixed_kl_controller",
+  "gae",
+  "group_advantages",
+  "grpo_advantages",
+  "gspo",
+  "kl_controller",
+  "kl_penalty",
+  "lookup",
+  "masked_max",
+  "masked_mean",
+  "masked_min",
+  "masked_sum",
+  "masked_var",
+  "masked_whiten",
+  "opo_advantages",
+  "ppo_clip",
+  "register",
+  "reinforce",
+  "reinforce_plus_plus",
+  "reinforce_plus_plus_baseline_advantages",
+  "rloo_advantages",
+  "scores_to_token_rewards",
+  "token_logprobs",
+]

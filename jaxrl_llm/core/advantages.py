@@ -1,0 +1,237 @@
+"""Advantage estimators: GAE over tokens, and group baselines over sampled completions.
+
+Per-token arrays are `[B, T]` (B sequences, T response tokens); `mask_BxT` is 1
+on response tokens and may have holes (e.g. tool or user turns in a multi-turn
+episode). Group estimators take one scalar score per sequence, with rows
+`[i*G, (i+1)*G)` holding the G completions of prompt i.
+"""
+
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from jaxrl_llm.core.registry import lookup
+from jaxrl_llm.core.stats import masked_whiten
+
+__all__ = [
+  "GROUP_ESTIMATORS",
+  "dr_grpo_advantages",
+  "gae",
+  "group_advantages",
+  "grpo_advantages",
+  "masked_whiten",
+  "opo_advantages",
+  "reinforce_plus_plus",
+  "reinforce_plus_plus_baseline_advantages",
+  "rloo_advantages",
+  "scores_to_token_rewards",
+]
+
+
+class GaeCarry(NamedTuple):
+  """What the reverse GAE scan carries from step t+1 back to step t."""
+
+  v_tp1: jax.Array  # [B] value of the next response token (0 past the last one)
+  adv_tp1: jax.Array  # [B] advantage of the next response token
+
+
+def _gae_step(carry: GaeCarry, xs, *, gamma, lam):
+  """One backward step of GAE; masked steps pass the carry through and output 0."""
+  r_t, v_t, m_t = xs
+  delta_t = r_t + gamma * carry.v_tp1 - v_t
+  adv_t = delta_t + gamma * lam * carry.adv_tp1
+  new_carry = GaeCarry(
+    v_tp1=jnp.where(m_t, v_t, carry.v_tp1), adv_tp1=jnp.where(m_t, adv_t, carry.adv_tp1)
+  )
+  return new_carry, jnp.where(m_t, adv_t, 0.0)
+
+
+def gae(rewards_BxT, values_BxT, mask_BxT, *, gamma, lam, unroll=16):
+  """Generalised advantage estimation (Schulman et al., 2016, arXiv:1506.02438).
+
+    delta_t = r_t + gamma * V(s_{t'}) - V(s_t)
+    A_t     = delta_t + gamma * lam * A_{t'}
+    R_t     = A_t + V(s_t)
+
+  where t' is the next position with mask 1 after t. Masked positions are
+  skipped: the recursion carries through them untouched and they get A = R = 0,
+  so a hole in the mask is not an episode end, and its rewards are ignored
+  (put a turn's reward on a response token). Past the last response token
+  nothing bootstraps: V = 0 and A = 0 (the episode ends there).
+
+  Computed with a reverse `jax.lax.scan` over time; `unroll` trades compile
+  time for fewer loop iterations.
+
+  Returns:
+    `(advantages_BxT, returns_BxT)`, float32, zero where `mask_BxT` is 0.
+  """
+  if not rewards_BxT.shape == values_BxT.shape == mask_BxT.shape:
+    raise ValueError(
+      f"gae needs rewards {rewards_BxT.shape}, values {values_BxT.shape} and "
+      f"mask {mask_BxT.shape} of one [B, T] shape."
+    )
+  r_TxB = rewards_BxT.astype(jnp.float32).T
+  v_TxB = values_BxT.astype(jnp.float32).T
+  m_TxB = mask_BxT.T > 0
+  # zeros_like keeps the inputs' varying mesh axes, as shard_map's scan carry must.
+  zeros_B = jnp.zeros_like(r_TxB[0] + v_TxB[0])
+  step = functools.partial(_gae_step, gamma=gamma, lam=lam)
+  _, adv_TxB = jax.lax.scan(
+    step, GaeCarry(zeros_B, zeros_B), (r_TxB, v_TxB, m_TxB), reverse=True, unroll=unroll
+  )
+  adv_BxT = adv_TxB.T
+  returns_BxT = jnp.where(mask_BxT > 0, adv_BxT + values_BxT.astype(jnp.float32), 0.0)
+  return adv_BxT, returns_BxT
+
+
+def scores_to_token_rewards(scores_B, mask_BxT):
+  """Puts each sequence's scalar score on its last response token; zeros elsewhere.
+
+  Rows with an empty mask get no reward.
+  """
+  mask_BxT = mask_BxT > 0
+  T = mask_BxT.shape[-1]
+  last_B = T - 1 - jnp.argmax(mask_BxT[:, ::-1], axis=-1)
+  at_last_BxT = (jnp.arange(T)[None, :] == last_B[:, None]) & mask_BxT
+  return jnp.where(at_last_BxT, scores_B[:, None].astype(jnp.float32), 0.0)
+
+
+def reinforce_plus_plus(rewards_BxT, mask_BxT, *, gamma=1.0, eps=1e-8, axis_name=None):
+  """REINFORCE++ advantages (Hu, 2025, arXiv:2501.03262).
+
+    G_t = r_t + gamma * G_{t'}          (t' the next response token; as in `gae`)
+    A_t = (G_t - mean(G)) / sqrt(var(G) + eps)   over all response tokens of the batch
+
+  `rewards_BxT` usually holds the score on the last token minus a per-token KL
+  penalty. The discounted return is GAE with V = 0 and lam = 1. Mean and var are
+  global over `axis_name` when given.
+  """
+  zeros_BxT = jnp.zeros(rewards_BxT.shape, jnp.float32)
+  returns_BxT, _ = gae(rewards_BxT, zeros_BxT, mask_BxT, gamma=gamma, lam=1.0)
+  return masked_whiten(returns_BxT, mask_BxT > 0, eps=eps, axis_name=axis_name)
+
+
+# Group estimators. Each maps scores `[N, G]` (N prompts x G samples) to
+# advantages `[N, G]`; `group_advantages` handles the flat `[B]` layout.
+
+
+def _need_group(scores_NxG, name):
+  if scores_NxG.shape[-1] < 2:
+    raise ValueError(
+      f"estimator {name!r} needs group_size >= 2 (got {scores_NxG.shape[-1]}): it "
+      "compares each sample with the others of its prompt. Sample more completions "
+      "per prompt, or use an estimator that works alone such as 'reinforce_plus_plus'."
+    )
+
+
+def grpo_advantages(scores_NxG, *, eps=1e-6, lengths_NxG=None, axis_name=None):
+  """GRPO (Shao et al., 2024, DeepSeekMath, arXiv:2402.03300).
+
+  A_i = (r_i - mean_j r_j) / (std_j r_j + eps)   with the unbiased std of the group.
+  """
+  del lengths_NxG, axis_name
+  _need_group(scores_NxG, "grpo")
+  mean_Nx1 = scores_NxG.mean(-1, keepdims=True)
+  std_Nx1 = scores_NxG.std(-1, keepdims=True, ddof=1)
+  return (scores_NxG - mean_Nx1) / (std_Nx1 + eps)
+
+
+def dr_grpo_advantages(scores_NxG, *, eps=1e-6, lengths_NxG=None, axis_name=None):
+  """Dr. GRPO (Liu et al., 2025, "Understanding R1-Zero-Like Training", arXiv:2503.20783).
+
+    A_i = r_i - mean_j r_j
+
+  GRPO without the std division, which up-weights too-easy and too-hard prompts.
+  """
+  del eps, lengths_NxG, axis_name
+  return scores_NxG - scores_NxG.mean(-1, keepdims=True)
+
+
+def rloo_advantages(scores_NxG, *, eps=1e-6, lengths_NxG=None, axis_name=None):
+  """RLOO (Ahmadian et al., 2024, arXiv:2402.14740; Kool et al., 2019).
+
+  A_i = r_i - (1 / (G - 1)) * sum_{j != i} r_j  =  G / (G - 1) * (r_i - mean_j r_j)
+  """
+  del eps, lengths_NxG, axis_name
+  _need_group(scores_NxG, "rloo")
+  G = scores_NxG.shape[-1]
+  loo_mean_NxG = (scores_NxG.sum(-1, keepdims=True) - scores_NxG) / (G - 1)
+  return scores_NxG - loo_mean_NxG
+
+
+def reinforce_plus_plus_baseline_advantages(
+  scores_NxG, *, eps=1e-6, lengths_NxG=None, axis_name=None
+):
+  """REINFORCE++-baseline (Hu, 2025, arXiv:2501.03262).
+
+    x_i = r_i - mean_{j in group} r_j,   A_i = (x_i - mean(x)) / sqrt(var(x) + eps)
+
+  The group mean removes the prompt's difficulty; whitening over the whole batch
+  (global over `axis_name`) sets the scale without GRPO's per-group std.
+  """
+  del lengths_NxG
+  centred_NxG = scores_NxG - scores_NxG.mean(-1, keepdims=True)
+  ones_NxG = jnp.ones(centred_NxG.shape, bool)
+  return masked_whiten(centred_NxG, ones_NxG, eps=eps, axis_name=axis_name)
+
+
+def opo_advantages(scores_NxG, *, eps=1e-6, lengths_NxG=None, axis_name=None):
+  """OPO's length-weighted baseline (Hao et al., 2025, "On-Policy RL with Optimal
+  reward baseline", arXiv:2505.23585).
+
+    b = sum_j l_j r_j / sum_j l_j,   A_i = r_i - b
+
+  with l_j the number of response tokens of sample j: the variance-optimal
+  baseline for a sequence-level reward when the gradient norm grows with length.
+  """
+  del eps, axis_name
+  if lengths_NxG is None:
+    raise ValueError("estimator 'opo' needs lengths=: the response token count of each row.")
+  lengths_NxG = lengths_NxG.astype(jnp.float32)
+  total_Nx1 = jnp.maximum(lengths_NxG.sum(-1, keepdims=True), 1.0)
+  baseline_Nx1 = (lengths_NxG * scores_NxG).sum(-1, keepdims=True) / total_Nx1
+  return scores_NxG - baseline_Nx1
+
+
+GROUP_ESTIMATORS = {
+  "grpo": grpo_advantages,
+  "dr_grpo": dr_grpo_advantages,
+  "rloo": rloo_advantages,
+  "reinforce_plus_plus_baseline": reinforce_plus_plus_baseline_advantages,
+  "opo": opo_advantages,
+}
+
+
+def group_advantages(scores_B, *, group_size, estimator, eps=1e-6, lengths=None, axis_name=None):
+  """One advantage per sequence from a group baseline chosen by name.
+
+  Args:
+    scores_B: one scalar reward per sequence, group-major: rows
+      `[i*G, (i+1)*G)` are the G samples of prompt i.
+    group_size: G. B must be a multiple of it (groups never straddle devices).
+    estimator: a key of `GROUP_ESTIMATORS` ('grpo', 'dr_grpo', 'rloo',
+      'reinforce_plus_plus_baseline', 'opo', or one you registered).
+    eps: stabiliser of the estimator's division, if any.
+    lengths: `[B]` response lengths, for 'opo'.
+    axis_name: for estimators with batch-wide statistics.
+
+  Returns:
+    float32 `[B]` advantages; broadcast over tokens with `adv_B[:, None]`.
+  """
+  fn = lookup(GROUP_ESTIMATORS, estimator, "advantage estimator")
+  if scores_B.ndim != 1 or scores_B.shape[0] % group_size:
+    raise ValueError(
+      f"scores must be [B] with B a multiple of group_size={group_size}; got "
+      f"{scores_B.shape}. Rows i*G..i*G+G-1 must be one prompt's samples."
+    )
+  to_groups = lambda x: x.reshape(-1, group_size)
+  lengths_NxG = None if lengths is None else to_groups(lengths)
+  adv_NxG = fn(
+    to_groups(scores_B.astype(jnp.float32)),
+    eps=eps,
+    lengths_NxG=lengths_NxG,
+    axis_name=axis_name,
+  )
+  return adv_NxG.reshape(-1)

@@ -1,0 +1,197 @@
+"""Policy-gradient objectives as per-token losses.
+
+Every loss here has the signature
+
+  loss_fn(logp_BxT, old_logp_BxT, advantages, mask_BxT, *, axis_name=None, **hparams)
+      -> (loss_BxT, metrics)
+
+`logp` is differentiated; `old_logp` is the behaviour policy's (the sampler's
+or the recomputed pre-update policy's). `advantages` is `[B, T]`, or `[B]`
+broadcast over tokens. The per-token loss is not yet masked or averaged:
+pass it to `aggregate`. `metrics` are masked means over the batch (global over
+`axis_name`): the fractions of tokens whose ratio was clipped below and above,
+the approximate KL(old || new) = E[r - 1 - log r], and the ratio's mean, min
+and max. Losses are minimised, so each is the negative of its paper's objective.
+"""
+
+import jax
+import jax.numpy as jnp
+
+from jaxrl_llm.core.kl import LOG_RATIO_CLAMP
+from jaxrl_llm.core.stats import masked_max, masked_mean, masked_min
+
+
+def _broadcast_advantages(advantages, logp_BxT):
+  advantages = advantages.astype(jnp.float32)
+  if advantages.shape == logp_BxT.shape:
+    return advantages
+  if advantages.shape == logp_BxT.shape[:1]:
+    return advantages[:, None]
+  raise ValueError(
+    f"advantages {advantages.shape} must be [B, T] or [B] for log-probs {logp_BxT.shape}."
+  )
+
+
+def _ratio(logp_BxT, old_logp_BxT):
+  """(log r, r) with log r clamped to +-20 so that exp never overflows."""
+  log_ratio = jnp.clip(
+    logp_BxT.astype(jnp.float32) - old_logp_BxT.astype(jnp.float32),
+    -LOG_RATIO_CLAMP,
+    LOG_RATIO_CLAMP,
+  )
+  return log_ratio, jnp.exp(log_ratio)
+
+
+def ratio_metrics(log_ratio_BxT, mask_BxT, clipped_low_BxT, clipped_high_BxT, axis_name=None):
+  """The metrics every policy loss reports, from its ratio and clip indicators."""
+  log_ratio_BxT = jax.lax.stop_gradient(log_ratio_BxT)
+  ratio_BxT = jnp.exp(log_ratio_BxT)
+  mask_BxT = mask_BxT > 0
+  mean = lambda x: masked_mean(x.astype(jnp.float32), mask_BxT, axis_name)
+  return {
+    "clipfrac_low": mean(clipped_low_BxT),
+    "clipfrac_high": mean(clipped_high_BxT),
+    "approx_kl": mean(ratio_BxT - 1.0 - log_ratio_BxT),
+    "ratio_mean": mean(ratio_BxT),
+    "ratio_min": masked_min(ratio_BxT, mask_BxT, axis_name),
+    "ratio_max": masked_max(ratio_BxT, mask_BxT, axis_name),
+  }
+
+
+def _clipped_surrogate(ratio_BxT, adv_BxT, clip_low, clip_high):
+  """max(-A r, -A clip(r, 1 - low, 1 + high)) and which side the clip was active on."""
+  clipped_BxT = jnp.clip(ratio_BxT, 1.0 - clip_low, 1.0 + clip_high)
+  loss_BxT = jnp.maximum(-adv_BxT * ratio_BxT, -adv_BxT * clipped_BxT)
+  clipped_low_BxT = (ratio_BxT < 1.0 - clip_low) & (adv_BxT < 0)
+  clipped_high_BxT = (ratio_BxT > 1.0 + clip_high) & (adv_BxT > 0)
+  return loss_BxT, clipped_low_BxT, clipped_high_BxT
+
+
+def ppo_clip(
+  logp_BxT,
+  old_logp_BxT,
+  advantages,
+  mask_BxT,
+  *,
+  clip_low=0.2,
+  clip_high=0.2,
+  dual_clip=None,
+  axis_name=None,
+):
+  """PPO's clipped surrogate (Schulman et al., 2017, arXiv:1707.06347), per token.
+
+    r_t  = pi(y_t) / pi_old(y_t)
+    L_t  = max(-A_t r_t, -A_t clip(r_t, 1 - clip_low, 1 + clip_high))
+
+  Asymmetric ranges give DAPO's clip-higher (Yu et al., 2025, arXiv:2503.14476:
+  clip_low=0.2, clip_high=0.28). With `dual_clip=c > 1` (Ye et al., 2020,
+  arXiv:1912.09729), tokens with A_t < 0 are also bounded by the constant
+  -c A_t, so a huge ratio on a negative advantage cannot blow up the loss:
+
+    L_t = min(L_t, -c A_t)   where A_t < 0
+
+  Extra metric with dual clip: `dualclip_frac`, the fraction of tokens it bound.
+  """
+  if dual_clip is not None and dual_clip <= 1.0:
+    raise ValueError(f"dual_clip must be > 1 (Ye et al. use 3), got {dual_clip}.")
+  adv_BxT = _broadcast_advantages(advantages, logp_BxT)
+  log_ratio, ratio = _ratio(logp_BxT, old_logp_BxT)
+  loss_BxT, low_BxT, high_BxT = _clipped_surrogate(ratio, adv_BxT, clip_low, clip_high)
+  metrics = {}
+  if dual_clip is not None:
+    bound_BxT = -dual_clip * adv_BxT
+    dual_BxT = (adv_BxT < 0) & (loss_BxT > bound_BxT)
+    loss_BxT = jnp.where(dual_BxT, bound_BxT, loss_BxT)
+    metrics["dualclip_frac"] = masked_mean(dual_BxT.astype(jnp.float32), mask_BxT > 0, axis_name)
+  metrics.update(ratio_metrics(log_ratio, mask_BxT, low_BxT, high_BxT, axis_name))
+  return loss_BxT, metrics
+
+
+def gspo(
+  logp_BxT,
+  old_logp_BxT,
+  advantages,
+  mask_BxT,
+  *,
+  clip_low=3e-4,
+  clip_high=4e-4,
+  axis_name=None,
+):
+  """GSPO, Group Sequence Policy Optimization (Zheng et al., 2025, arXiv:2507.18071).
+
+    s_i   = exp( (1/|y_i|) sum_t log(pi(y_it) / pi_old(y_it)) )    (sequence ratio)
+    s_it  = sg(s_i) * pi(y_it) / sg(pi(y_it))                     (token form)
+    L_it  = max(-A_it s_it, -A_it clip(s_it, 1 - clip_low, 1 + clip_high))
+
+  Every token of a sequence shares the value s_i and its clip decision, and the
+  gradient of s_it is s_i times the token's own score function: with
+  sequence-level advantages this is GSPO, and per-token advantages give the
+  paper's GSPO-token. The paper's clip ranges are 3e-4 and 4e-4 because s_i is a
+  geometric mean. Aggregate with 'seq-mean-token-mean' to match the paper.
+  """
+  adv_BxT = _broadcast_advantages(advantages, logp_BxT)
+  log_ratio, _ = _ratio(logp_BxT, old_logp_BxT)
+  mask_BxT = mask_BxT > 0
+  length_Bx1 = jnp.maximum(mask_BxT.sum(-1, keepdims=True), 1)
+  log_s_Bx1 = jnp.sum(jnp.where(mask_BxT, log_ratio, 0.0), -1, keepdims=True) / length_Bx1
+  logp32_BxT = logp_BxT.astype(jnp.float32)
+  log_s_BxT = jax.lax.stop_gradient(log_s_Bx1) + logp32_BxT - jax.lax.stop_gradient(logp32_BxT)
+  loss_BxT, low_BxT, high_BxT = _clipped_surrogate(jnp.exp(log_s_BxT), adv_BxT, clip_low, clip_high)
+  return loss_BxT, ratio_metrics(log_s_BxT, mask_BxT, low_BxT, high_BxT, axis_name)
+
+
+def cispo(
+  logp_BxT,
+  old_logp_BxT,
+  advantages,
+  mask_BxT,
+  *,
+  clip_low=None,
+  clip_high=0.28,
+  axis_name=None,
+):
+  """CISPO, Clipped IS-weight Policy Optimization (MiniMax-M1, 2025, arXiv:2506.13585).
+
+    w_t = sg(clip(r_t, 1 - clip_low, 1 + clip_high)),   grad L = -sum_t w_t A_t grad log pi(y_t)
+
+  Unlike PPO, the importance weight is clipped and stopped, never the token's
+  gradient: a clipped token still learns, with weight w_t. MiniMax sets no
+  lower bound (`clip_low=None`). This returns the token form
+
+    L_t = -A_t * (w_t + w_t * (log pi(y_t) - sg(log pi(y_t))))
+
+  whose gradient is CISPO's and whose value is -w_t A_t (so -A_t at r_t = 1,
+  like the other clipped objectives), rather than the paper's -w_t A_t log pi,
+  which has the same gradient but a value that depends on log pi.
+  """
+  adv_BxT = _broadcast_advantages(advantages, logp_BxT)
+  log_ratio, ratio = _ratio(logp_BxT, old_logp_BxT)
+  lower = 0.0 if clip_low is None else 1.0 - clip_low
+  w_BxT = jax.lax.stop_gradient(jnp.clip(ratio, lower, 1.0 + clip_high))
+  logp32_BxT = logp_BxT.astype(jnp.float32)
+  score_BxT = logp32_BxT - jax.lax.stop_gradient(logp32_BxT)
+  loss_BxT = -adv_BxT * (w_BxT + w_BxT * score_BxT)
+  low_BxT = ratio < lower
+  high_BxT = ratio > 1.0 + clip_high
+  return loss_BxT, ratio_metrics(log_ratio, mask_BxT, low_BxT, high_BxT, axis_name)
+
+
+def reinforce(logp_BxT, old_logp_BxT, advantages, mask_BxT, *, axis_name=None):
+  """Vanilla policy gradient (Williams, 1992): L_t = -A_t log pi(y_t).
+
+  Unbiased only on-policy (`old_logp` is used for metrics alone). The value is
+  -A log pi, not -A; its gradient is -A grad log pi.
+  """
+  adv_BxT = _broadcast_advantages(advantages, logp_BxT)
+  log_ratio, _ = _ratio(logp_BxT, old_logp_BxT)
+  loss_BxT = -adv_BxT * logp_BxT.astype(jnp.float32)
+  never_BxT = jnp.zeros(logp_BxT.shape, bool)
+  return loss_BxT, ratio_metrics(log_ratio, mask_BxT, never_BxT, never_BxT, axis_name)
+
+
+POLICY_LOSSES = {
+  "ppo_clip": ppo_clip,
+  "gspo": gspo,
+  "cispo": cispo,
+  "reinforce": reinforce,
+}

@@ -1,0 +1,151 @@
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxrl_llm.core import POLICY_LOSSES, cispo, gspo, ppo_clip, reinforce
+
+CLIP_VARIANTS = {
+  "ppo": (ppo_clip, {}),
+  "clip_higher": (ppo_clip, {"clip_low": 0.2, "clip_high": 0.28}),
+  "dual_clip": (ppo_clip, {"dual_clip": 3.0}),
+  "gspo": (gspo, {}),
+  "cispo": (cispo, {}),
+  "cispo_two_sided": (cispo, {"clip_low": 0.2, "clip_high": 0.2}),
+}
+
+
+def _batch(B=4, T=6, seed=0):
+  k1, k2, k3 = jax.random.split(jax.random.key(seed), 3)
+  logp = -jnp.abs(jax.random.normal(k1, (B, T)))
+  adv = jax.random.normal(k2, (B, T))
+  mask = jax.random.bernoulli(k3, 0.8, (B, T)).at[:, 0].set(True)
+  return logp, adv, mask
+
+
+@pytest.mark.parametrize("variant", sorted(CLIP_VARIANTS))
+def test_on_policy_loss_is_minus_advantage(variant):
+  fn, kwargs = CLIP_VARIANTS[variant]
+  logp, adv, mask = _batch()
+  loss, metrics = fn(logp, logp, adv, mask, **kwargs)
+  np.testing.assert_allclose(loss, -adv, rtol=1e-6, atol=1e-7)
+  for key in ("clipfrac_low", "clipfrac_high", "approx_kl"):
+    np.testing.assert_allclose(metrics[key], 0.0, atol=1e-7, err_msg=key)
+  for key in ("ratio_mean", "ratio_min", "ratio_max"):
+    np.testing.assert_allclose(metrics[key], 1.0, rtol=1e-6, err_msg=key)
+
+
+@pytest.mark.parametrize("variant", sorted(CLIP_VARIANTS))
+def test_on_policy_gradient_is_policy_gradient(variant):
+  """At r = 1 every clip variant (GSPO with per-sequence advantages) has gradient -A."""
+  fn, kwargs = CLIP_VARIANTS[variant]
+  logp, adv, mask = _batch()
+  adv_B = adv[:, 0]
+  grad = jax.grad(lambda lp: jnp.sum(fn(lp, logp, adv_B, mask, **kwargs)[0]))(logp)
+  np.testing.assert_allclose(grad, -jnp.broadcast_to(adv_B[:, None], logp.shape), rtol=1e-6)
+
+
+def test_ppo_clip_by_hand():
+  old = jnp.zeros((1, 4))
+  logp = jnp.log(jnp.array([[1.5, 0.5, 1.5, 0.5]]))  # ratios
+  adv = jnp.array([[1.0, 1.0, -1.0, -1.0]])
+  mask = jnp.ones((1, 4))
+  loss, m = ppo_clip(logp, old, adv, mask, clip_low=0.2, clip_high=0.28)
+  # r=1.5, A=+1 -> clipped to 1.28; r=0.5, A=+1 -> unclipped 0.5 (pessimistic);
+  # r=1.5, A=-1 -> unclipped 1.5; r=0.5, A=-1 -> clipped to 0.8.
+  np.testing.assert_allclose(loss, [[-1.28, -0.5, 1.5, 0.8]], rtol=1e-6)
+  np.testing.assert_allclose(m["clipfrac_high"], 0.25)
+  np.testing.assert_allclose(m["clipfrac_low"], 0.25)
+  np.testing.assert_allclose(m["ratio_max"], 1.5, rtol=1e-6)
+  np.testing.assert_allclose(m["ratio_min"], 0.5, rtol=1e-6)
+  np.testing.assert_allclose(m["ratio_mean"], 1.0, rtol=1e-6)
+  expected_kl = np.mean([r - 1 - np.log(r) for r in (1.5, 0.5, 1.5, 0.5)])
+  np.testing.assert_allclose(m["approx_kl"], expected_kl, rtol=1e-5)
+  g = jax.grad(lambda lp: ppo_clip(lp, old, adv, mask, clip_low=0.2, clip_high=0.28)[0].sum())(logp)
+  np.testing.assert_allclose(g, [[0.0, -0.5, 1.5, 0.0]], rtol=1e-6)  # -A r where unclipped
+
+
+def test_dual_clip_bounds_negative_advantages():
+  old = jnp.zeros((1, 3))
+  logp = jnp.log(jnp.array([[5.0, 2.0, 5.0]]))
+  adv = jnp.array([[-1.0, -1.0, 1.0]])
+  loss, m = ppo_clip(logp, old, adv, jnp.ones((1, 3)), dual_clip=3.0)
+  np.testing.assert_allclose(loss, [[3.0, 2.0, -1.2]], rtol=1e-6)
+  np.testing.assert_allclose(m["dualclip_frac"], 1 / 3, rtol=1e-6)
+  with pytest.raises(ValueError, match="dual_clip must be > 1"):
+    ppo_clip(logp, old, adv, jnp.ones((1, 3)), dual_clip=0.5)
+
+
+def test_gspo_sequence_ratio_by_hand():
+  old = jnp.zeros((2, 3))
+  logp = jnp.array([[0.3, -0.1, 9.0], [0.01, 0.02, 0.0]])
+  mask = jnp.array([[1, 1, 0], [1, 1, 1]])
+  adv = jnp.array([1.0, -2.0])
+  loss, m = gspo(logp, old, adv, mask, clip_low=0.2, clip_high=0.2)
+  s0 = np.exp((0.3 - 0.1) / 2)  # masked token ignored: 1.105, inside the clip range
+  s1 = np.exp(0.03 / 3)
+  np.testing.assert_allclose(loss[0, :2], [-s0, -s0], rtol=1e-6)
+  np.testing.assert_allclose(loss[1], [2 * s1] * 3, rtol=1e-6)
+  # Gradient of token t is -A_i s_i (the token's own score function times the sequence ratio).
+  g = jax.grad(
+    lambda lp: jnp.sum(
+      jnp.where(mask, gspo(lp, old, adv, mask, clip_low=0.2, clip_high=0.2)[0], 0.0)
+    )
+  )(logp)
+  np.testing.assert_allclose(g, [[-s0, -s0, 0.0], [2 * s1] * 3], rtol=1e-6)
+  # With the paper's tiny ranges, sequence 0 is clipped above (A > 0): every token at once.
+  _, m = gspo(logp, old, adv, mask)
+  np.testing.assert_allclose(m["clipfrac_high"], 2 / 5, rtol=1e-6)
+
+
+def test_cispo_keeps_gradient_of_clipped_tokens():
+  old = jnp.zeros((1, 2))
+  logp = jnp.log(jnp.array([[2.0, 0.5]]))
+  adv = jnp.array([[1.0, 1.0]])
+  mask = jnp.ones((1, 2))
+  loss, m = cispo(logp, old, adv, mask, clip_high=0.28)
+  np.testing.assert_allclose(loss, [[-1.28, -0.5]], rtol=1e-6)
+  g = jax.grad(lambda lp: cispo(lp, old, adv, mask, clip_high=0.28)[0].sum())(logp)
+  np.testing.assert_allclose(g, [[-1.28, -0.5]], rtol=1e-6)  # PPO would give 0 for token 0
+  np.testing.assert_allclose(m["clipfrac_high"], 0.5)
+  np.testing.assert_allclose(m["clipfrac_low"], 0.0)
+
+
+def test_reinforce_by_hand():
+  logp = jnp.array([[-0.5, -2.0]])
+  adv = jnp.array([2.0])
+  loss, _ = reinforce(logp, logp, adv, jnp.ones((1, 2)))
+  np.testing.assert_allclose(loss, [[1.0, 4.0]])
+  g = jax.grad(lambda lp: reinforce(lp, lp, adv, jnp.ones((1, 2)))[0].sum())(logp)
+  np.testing.assert_allclose(g, [[-2.0, -2.0]])
+
+
+def test_masked_tokens_do_not_enter_metrics():
+  old = jnp.zeros((1, 3))
+  logp = jnp.array([[0.0, 0.0, 50.0]])  # the masked token has a huge ratio
+  loss, m = ppo_clip(logp, old, jnp.ones((1, 3)), jnp.array([[1, 1, 0]]))
+  np.testing.assert_allclose(m["ratio_max"], 1.0)
+  np.testing.assert_allclose(m["clipfrac_high"], 0.0)
+  assert np.all(np.isfinite(loss))
+
+
+def test_registry_and_metric_keys():
+  logp, adv, mask = _batch()
+  for name, fn in POLICY_LOSSES.items():
+    loss, metrics = fn(logp, logp - 0.1, adv, mask)
+    chex.assert_shape(loss, logp.shape)
+    assert {
+      "clipfrac_low",
+      "clipfrac_high",
+      "approx_kl",
+      "ratio_mean",
+      "ratio_min",
+      "ratio_max",
+    } <= set(metrics), name
+
+
+def test_bad_advantage_shape():
+  logp, adv, mask = _batch()
+  with pytest.raises(ValueError, match="advantages"):
+    ppo_clip(logp, logp, adv[:, :2], mask)

@@ -48,7 +48,7 @@ def _gae_step(carry: GaeCarry, xs, *, gamma, lam):
   return new_carry, jnp.where(m_t, adv_t, 0.0)
 
 
-def gae(rewards_BxT, values_BxT, mask_BxT, *, gamma, lam, unroll=16):
+def gae(rewards_BxT, values_BxT, mask_BxT, *, gamma, lam, unroll=1):
   """Generalised advantage estimation (Schulman et al., 2016, arXiv:1506.02438).
 
     delta_t = r_t + gamma * V(s_{t'}) - V(s_t)

@@ -84,3 +84,27 @@ def test_controller_errors():
     kl_controller("pid", 0.1)
   with pytest.raises(ValueError, match="target > 0"):
     kl_controller("adaptive", 0.1, target=0.0, horizon=10)
+
+
+def test_controller_update_under_transforms(data_mesh):
+  ctl = kl_controller("adaptive", 0.1, target=1.0, horizon=100)
+  kls = jnp.linspace(0.5, 1.5, 8)
+  states = jax.vmap(lambda _: ctl.init())(kls)
+  expected = jnp.stack([ctl.update(ctl.init(), k, 10).coef for k in kls])
+  np.testing.assert_allclose(
+    jax.jit(jax.vmap(ctl.update, (0, 0, None)))(states, kls, 10).coef, expected, rtol=1e-6
+  )
+  np.testing.assert_allclose(
+    jax.pmap(ctl.update, in_axes=(0, 0, None))(states, kls, 10).coef, expected, rtol=1e-6
+  )
+  sharded = jax.shard_map(
+    lambda s, k: ctl.update(s, k, 10),
+    mesh=data_mesh.mesh,
+    in_specs=(jax.P("data"), jax.P("data")),
+    out_specs=jax.P("data"),
+  )
+  np.testing.assert_allclose(
+    jax.jit(sharded)(*data_mesh.shard((states, kls))).coef, expected, rtol=1e-6
+  )
+  g = jax.grad(lambda k: ctl.update(ctl.init(), k, 10).coef)(jnp.asarray(1.05))
+  np.testing.assert_allclose(g, 0.1 * 10 / 100, rtol=1e-6)  # d/dkl of 0.1 (1 + (kl - 1) 10/100)

@@ -1,0 +1,38 @@
+"""Llama / Qwen2 transformers in Flax NNX, scalar heads, Hugging Face checkpoints, tokenizers."""
+
+from jaxrl_llm.models.config import ModelConfig, RopeScaling, from_hf_config, to_hf_config
+from jaxrl_llm.models.heads import RewardModel, ScalarHeadModel, ValueModel
+from jaxrl_llm.models.hf import CheckpointError, load_model, save_model
+from jaxrl_llm.models.tokenizer import CharTokenizer, HFTokenizer, load_tokenizer
+from jaxrl_llm.models.transformer import (
+  CausalLM,
+  Decoder,
+  KVCache,
+  apply,
+  init_cache,
+  logical_axes,
+  positions_from_mask,
+)
+
+__all__ = [
+  "CausalLM",
+  "CharTokenizer",
+  "CheckpointError",
+  "Decoder",
+  "HFTokenizer",
+  "KVCache",
+  "ModelConfig",
+  "RewardModel",
+  "RopeScaling",
+  "ScalarHeadModel",
+  "ValueModel",
+  "apply",
+  "from_hf_config",
+  "init_cache",
+  "load_model",
+  "load_tokenizer",
+  "logical_axes",
+  "positions_from_mask",
+  "save_model",
+  "to_hf_config",
+]

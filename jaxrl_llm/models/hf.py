@@ -1,0 +1,256 @@
+"""Hugging Face checkpoints in and out: `config.json` plus safetensors, never pickle.
+
+  model = load_model("/path/to/Qwen2.5-0.5B-Instruct", dtype=jnp.bfloat16)
+  save_model(model, "/path/to/out")       # transformers' from_pretrained reads it
+
+Tensors are read one at a time into an abstract (shape-only) model, converted to
+our layout and placed (optionally straight onto their shardings), so peak host
+memory is the loaded arrays plus about one tensor.
+"""
+
+import dataclasses
+import json
+import re
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy, for safetensors' numpy reader)
+import numpy as np
+import safetensors
+from flax import nnx
+from safetensors.numpy import save_file
+
+from jaxrl_llm.models.config import ModelConfig, from_hf_config, to_hf_config
+from jaxrl_llm.models.transformer import CausalLM
+
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+# Tensors some checkpoints carry that the model recomputes or does not use.
+_IGNORED = re.compile(r".*rotary_emb\.inv_freq$")
+
+
+class CheckpointError(ValueError):
+  """A checkpoint directory that cannot be loaded as it is; the message names what and where."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorSpec:
+  """Where one Hugging Face tensor lives in our model, and how its layout differs.
+
+  Linear weights are stored `[out, in]` by PyTorch and `[in, ..., out...]` here, so
+  `transposed` ones are `w.T.reshape(ours)`; the others only reshape.
+  """
+
+  hf_name: str
+  path: tuple
+  hf_shape: tuple[int, ...]
+  shape: tuple[int, ...]
+  transposed: bool
+
+  def to_ours(self, w: np.ndarray) -> np.ndarray:
+    return (w.T if self.transposed else w).reshape(self.shape)
+
+  def to_hf(self, a: np.ndarray) -> np.ndarray:
+    if self.transposed:
+      return np.ascontiguousarray(a.reshape(self.hf_shape[::-1]).T)
+    return a.reshape(self.hf_shape)
+
+
+def tensor_specs(cfg: ModelConfig) -> list[TensorSpec]:
+  """Every tensor of a Llama/Qwen2 checkpoint for `cfg`, in file order."""
+  D, N, K, H = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+  F, V = cfg.intermediate_size, cfg.vocab_size
+  specs = [TensorSpec("model.embed_tokens.weight", ("decoder", "embed_VxD"), (V, D), (V, D), False)]
+  for i in range(cfg.num_layers):
+    hf, at = f"model.layers.{i}.", ("decoder", "layers", i)
+
+    def add(name, path, hf_shape, shape, transposed, hf=hf, at=at):
+      specs.append(TensorSpec(hf + name, at + path, hf_shape, shape, transposed))
+
+    add("input_layernorm.weight", ("attn_norm", "scale"), (D,), (D,), False)
+    add("self_attn.q_proj.weight", ("attn", "q_DxNxH"), (N * H, D), (D, N, H), True)
+    add("self_attn.k_proj.weight", ("attn", "k_DxKxH"), (K * H, D), (D, K, H), True)
+    add("self_attn.v_proj.weight", ("attn", "v_DxKxH"), (K * H, D), (D, K, H), True)
+    add("self_attn.o_proj.weight", ("attn", "o_NxHxD"), (D, N * H), (N, H, D), True)
+    if cfg.qkv_bias:
+      add("self_attn.q_proj.bias", ("attn", "q_bias_NxH"), (N * H,), (N, H), False)
+      add("self_attn.k_proj.bias", ("attn", "k_bias_KxH"), (K * H,), (K, H), False)
+      add("self_attn.v_proj.bias", ("attn", "v_bias_KxH"), (K * H,), (K, H), False)
+    if cfg.o_bias:
+      add("self_attn.o_proj.bias", ("attn", "o_bias_D"), (D,), (D,), False)
+    add("post_attention_layernorm.weight", ("mlp_norm", "scale"), (D,), (D,), False)
+    add("mlp.gate_proj.weight", ("mlp", "gate_DxF"), (F, D), (D, F), True)
+    add("mlp.up_proj.weight", ("mlp", "up_DxF"), (F, D), (D, F), True)
+    add("mlp.down_proj.weight", ("mlp", "down_FxD"), (D, F), (F, D), True)
+  specs.append(TensorSpec("model.norm.weight", ("decoder", "norm", "scale"), (D,), (D,), False))
+  if not cfg.tie_word_embeddings:
+    specs.append(TensorSpec("lm_head.weight", ("lm_head_DxV",), (V, D), (D, V), True))
+  return specs
+
+
+def read_config(path) -> dict:
+  """The parsed `config.json` of a checkpoint directory, with errors that say what is wrong."""
+  path = Path(path)
+  if not path.is_dir():
+    raise CheckpointError(f"{path} is not a directory; pass a local Hugging Face model directory.")
+  config_file = path / "config.json"
+  try:
+    return json.loads(config_file.read_text())
+  except FileNotFoundError:
+    raise CheckpointError(f"{config_file} is missing; a Hugging Face directory needs it.") from None
+  except json.JSONDecodeError as e:
+    raise CheckpointError(f"{config_file} is not valid JSON: {e}.") from None
+
+
+def tensor_files(path) -> dict[str, Path]:
+  """Tensor name -> safetensors file, from the shard index or the single file."""
+  path = Path(path)
+  index_file = path / INDEX_FILE
+  if index_file.exists():
+    try:
+      weight_map = json.loads(index_file.read_text())["weight_map"]
+    except (json.JSONDecodeError, KeyError) as e:
+      raise CheckpointError(f"{index_file} is not a safetensors index ({e!r}).") from None
+    return {name: path / file for name, file in weight_map.items()}
+  single = path / SINGLE_FILE
+  if not single.exists():
+    found = sorted(p.name for p in path.iterdir())
+    hint = ""
+    if any(f.endswith(".bin") for f in found):
+      hint = " PyTorch .bin checkpoints are not read (pickle); convert them to safetensors."
+    raise CheckpointError(
+      f"{path} has neither {SINGLE_FILE} nor {INDEX_FILE} (found {found}).{hint}"
+    )
+  with safetensors.safe_open(single, framework="numpy") as f:
+    return dict.fromkeys(f.keys(), single)
+
+
+def _by_file(names_to_files: dict[str, Path], names) -> Iterator[tuple[Path, list[str]]]:
+  groups: dict[Path, list[str]] = {}
+  for name in names:
+    groups.setdefault(names_to_files[name], []).append(name)
+  yield from groups.items()
+
+
+def _set(tree: dict, path: tuple, value) -> None:
+  for key in path[:-1]:
+    tree = tree[key]
+  tree[path[-1]] = value
+
+
+def load_model(
+  path,
+  *,
+  dtype=jnp.float32,
+  param_dtype=None,
+  sharding: Callable[[tuple[str, ...]], jax.sharding.Sharding] | None = None,
+) -> CausalLM:
+  """Loads a local Hugging Face Llama or Qwen2 directory as a `CausalLM`.
+
+  Args:
+    path: a directory with `config.json` and `model.safetensors`, or sharded
+      `model-*.safetensors` files with `model.safetensors.index.json`.
+    dtype: the compute dtype (activations, matmuls).
+    param_dtype: the dtype parameters are stored in (default: `dtype`).
+    sharding: maps a parameter's logical axes (e.g. `("vocab", "embed")`) to the
+      `jax.sharding.Sharding` it is placed with; default: the default device.
+
+  Raises:
+    CheckpointError: unsupported architecture, missing or unexpected tensor, or a
+      shape mismatch; the message names the tensor and the file.
+  """
+  path = Path(path)
+  try:
+    cfg = from_hf_config(read_config(path), param_dtype=param_dtype or dtype, dtype=dtype)
+  except (KeyError, ValueError) as e:
+    raise CheckpointError(f"{path / 'config.json'}: {e}") from None
+  files = tensor_files(path)
+  specs = {spec.hf_name: spec for spec in tensor_specs(cfg)}
+  missing = [name for name in specs if name not in files]
+  if missing:
+    where = INDEX_FILE if (path / INDEX_FILE).exists() else SINGLE_FILE
+    raise CheckpointError(
+      f"tensor {missing[0]!r} is missing from {path / where}"
+      f"{f' (and {len(missing) - 1} more)' if len(missing) > 1 else ''}."
+    )
+  unexpected = [
+    n
+    for n in files
+    if n not in specs
+    and not _IGNORED.match(n)
+    and not (n == "lm_head.weight" and cfg.tie_word_embeddings)
+  ]
+  if unexpected:
+    raise CheckpointError(
+      f"tensor {unexpected[0]!r} in {files[unexpected[0]]} is not part of a {cfg.architecture} "
+      f"model with this config.json ({len(unexpected)} unexpected in all)."
+    )
+  abstract = nnx.eval_shape(lambda: CausalLM(cfg, rngs=nnx.Rngs(0)))
+  graphdef, state = nnx.split(abstract)
+  params = nnx.to_pure_dict(state)
+  np_dtype = np.dtype(cfg.param_dtype)
+  for file, names in _by_file(files, specs):
+    with safetensors.safe_open(file, framework="numpy") as f:
+      for name in names:
+        spec = specs[name]
+        if name not in f.keys():
+          raise CheckpointError(f"tensor {name!r} is missing from {file}.")
+        shape = tuple(f.get_slice(name).get_shape())
+        if shape != spec.hf_shape:
+          raise CheckpointError(
+            f"tensor {name!r} in {file} has shape {list(shape)}; this "
+            f"config.json implies {list(spec.hf_shape)}."
+          )
+        value = spec.to_ours(f.get_tensor(name)).astype(np_dtype, copy=False)
+        target = None if sharding is None else sharding(_get(state, spec.path).logical_axes)
+        _set(params, spec.path, jax.device_put(value, target))
+        del value
+  nnx.replace_by_pure_dict(state, params)
+  return nnx.merge(graphdef, state)
+
+
+def _get(tree: dict, path: tuple):
+  for key in path:
+    tree = tree[key]
+  return tree
+
+
+def save_model(model: CausalLM, path, *, max_shard_bytes: int = 5 * 2**30) -> Path:
+  """Writes `model` as a Hugging Face directory (config.json, generation_config.json,
+  safetensors, sharded above `max_shard_bytes`) that `from_pretrained` loads."""
+  path = Path(path)
+  path.mkdir(parents=True, exist_ok=True)
+  cfg = model.cfg
+  (path / "config.json").write_text(json.dumps(to_hf_config(cfg), indent=2) + "\n")
+  generation = {
+    k: v
+    for k, v in (("bos_token_id", cfg.bos_token_id), ("eos_token_id", cfg.eos_token_id))
+    if v is not None
+  }
+  (path / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+  params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+  shards: list[dict[str, np.ndarray]] = [{}]
+  size = 0
+  for spec in tensor_specs(cfg):
+    tensor = spec.to_hf(np.asarray(jax.device_get(_get(params, spec.path))))
+    if shards[-1] and size + tensor.nbytes > max_shard_bytes:
+      shards.append({})
+      size = 0
+    shards[-1][spec.hf_name] = tensor
+    size += tensor.nbytes
+  for stale in list(path.glob("model*.safetensors")) + [path / INDEX_FILE]:
+    stale.unlink(missing_ok=True)
+  if len(shards) == 1:
+    save_file(shards[0], path / SINGLE_FILE, metadata={"format": "pt"})
+    return path
+  weight_map, total = {}, 0
+  for i, shard in enumerate(shards):
+    name = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+    save_file(shard, path / name, metadata={"format": "pt"})
+    weight_map.update(dict.fromkeys(shard, name))
+    total += sum(t.nbytes for t in shard.values())
+  index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+  (path / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
+  return path

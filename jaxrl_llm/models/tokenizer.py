@@ -1,0 +1,153 @@
+"""Tokenizers: a Hugging Face `tokenizer.json` with its chat template, and a character tokenizer.
+
+Both expose `encode(text) -> list[int]`, `decode(ids) -> str`, `pad_id`,
+`eos_id`, `bos_id`, `vocab_size` and `apply_chat_template(messages)`.
+"""
+
+import json
+from pathlib import Path
+from typing import Protocol
+
+import jinja2
+import jinja2.sandbox
+import tokenizers
+
+
+class Tokenizer(Protocol):
+  vocab_size: int
+  pad_id: int
+  eos_id: int
+  bos_id: int | None
+
+  def encode(self, text: str) -> list[int]: ...
+
+  def decode(self, ids) -> str: ...
+
+  def apply_chat_template(
+    self, messages: list[dict], add_generation_prompt: bool = True
+  ) -> str: ...
+
+
+def _token_text(entry):
+  """tokenizer_config.json stores special tokens as a string or an AddedToken dict."""
+  if entry is None or isinstance(entry, str):
+    return entry
+  return entry.get("content")
+
+
+def _raise(message):
+  raise jinja2.TemplateError(message)
+
+
+def render_chat_template(template: str, messages: list[dict], **context) -> str:
+  """Renders a Hugging Face chat template in Jinja's immutable sandbox, as transformers does.
+
+  Templates ship with checkpoints, so they are treated as untrusted: the sandbox
+  forbids attribute access to Python internals and any mutation.
+  """
+  env = jinja2.sandbox.ImmutableSandboxedEnvironment(
+    trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+  )
+  env.globals["raise_exception"] = _raise
+  env.filters["tojson"] = lambda x, indent=None, **_: json.dumps(
+    x, indent=indent, ensure_ascii=False
+  )
+  return env.from_string(template).render(messages=messages, **context)
+
+
+class HFTokenizer:
+  """A `tokenizers.Tokenizer` loaded from a local Hugging Face directory."""
+
+  def __init__(self, tokenizer: tokenizers.Tokenizer, config: dict, chat_template: str | None):
+    self._tok = tokenizer
+    self.chat_template = chat_template
+    self.bos_token = _token_text(config.get("bos_token"))
+    self.eos_token = _token_text(config.get("eos_token"))
+    pad_token = _token_text(config.get("pad_token")) or self.eos_token
+    self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+    self.eos_id = self._id(self.eos_token, "eos_token")
+    self.pad_id = self._id(pad_token, "pad_token")
+    self.bos_id = None if self.bos_token is None else self._id(self.bos_token, "bos_token")
+
+  def _id(self, token, what):
+    if token is None:
+      raise ValueError(f"tokenizer_config.json sets no {what}; add one.")
+    token_id = self._tok.token_to_id(token)
+    if token_id is None:
+      raise ValueError(f"tokenizer_config.json's {what} {token!r} is not in tokenizer.json.")
+    return token_id
+
+  @classmethod
+  def from_dir(cls, path) -> "HFTokenizer":
+    path = Path(path)
+    tok_file = path / "tokenizer.json"
+    if not tok_file.exists():
+      raise FileNotFoundError(f"{tok_file} is missing; a fast (tokenizers) tokenizer is needed.")
+    config_file = path / "tokenizer_config.json"
+    config = json.loads(config_file.read_text()) if config_file.exists() else {}
+    template = config.get("chat_template")
+    if isinstance(template, list):  # named templates: take "default"
+      template = next((t["template"] for t in template if t.get("name") == "default"), None)
+    jinja_file = path / "chat_template.jinja"
+    if template is None and jinja_file.exists():
+      template = jinja_file.read_text()
+    return cls(tokenizers.Tokenizer.from_file(str(tok_file)), config, template)
+
+  def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+    return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+
+  def decode(self, ids, skip_special_tokens: bool = True) -> str:
+    return self._tok.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+
+  def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    if self.chat_template is None:
+      raise ValueError("this tokenizer has no chat template; use a plain prompt template.")
+    return render_chat_template(
+      self.chat_template,
+      messages,
+      add_generation_prompt=add_generation_prompt,
+      bos_token=self.bos_token or "",
+      eos_token=self.eos_token or "",
+    )
+
+
+class CharTokenizer:
+  """One id per character of `alphabet`, after <pad> (0), <bos> (1) and <eos> (2).
+
+  For synthetic tasks with tiny models. Unknown characters raise.
+  """
+
+  SPECIALS = ("<pad>", "<bos>", "<eos>")
+
+  def __init__(self, alphabet: str = "0123456789+-*/=() abcdefghijklmnopqrstuvwxyz.,:?#\n"):
+    if len(set(alphabet)) != len(alphabet):
+      raise ValueError("CharTokenizer alphabet has repeated characters.")
+    self.alphabet = alphabet
+    self._ids = {c: i + len(self.SPECIALS) for i, c in enumerate(alphabet)}
+    self.pad_id, self.bos_id, self.eos_id = 0, 1, 2
+    self.vocab_size = len(self.SPECIALS) + len(alphabet)
+
+  def encode(self, text: str) -> list[int]:
+    try:
+      return [self._ids[c] for c in text]
+    except KeyError as e:
+      raise ValueError(f"character {e.args[0]!r} is not in the CharTokenizer alphabet.") from None
+
+  def decode(self, ids, skip_special_tokens: bool = True) -> str:
+    out = []
+    for i in map(int, ids):
+      if i < len(self.SPECIALS):
+        if not skip_special_tokens:
+          out.append(self.SPECIALS[i])
+      else:
+        out.append(self.alphabet[i - len(self.SPECIALS)])
+    return "".join(out)
+
+  def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    text = "".join(m["content"] for m in messages)
+    return text
+
+
+def load_tokenizer(path) -> HFTokenizer:
+  """The tokenizer of a local Hugging Face model directory."""
+  return HFTokenizer.from_dir(path)

@@ -1,0 +1,298 @@
+"""A decoder-only transformer of the Llama (2, 3, 3.1) and Qwen2/Qwen2.5 families, in Flax NNX.
+
+RMSNorm, rotary position embeddings (with Llama 3.1's scaling), grouped-query
+attention with optional q/k/v(/o) biases, a SwiGLU MLP, tied or untied
+embeddings. Every parameter carries `logical_axes` metadata naming its axes
+(vocab, embed, heads, kv_heads, head_dim, mlp) for the sharding rules.
+
+The model is called on tokens `[B, L]` with explicit positions and an attention
+mask, so left-padded prompts get the right positions. For decoding it also takes
+and returns a `KVCache` of static shape: new keys and values are written at
+slots `index .. index + L - 1`, and each query attends to the earlier slots that
+hold real tokens.
+
+Outside NNX the model is a pure function (see `apply`):
+
+  graphdef, params = nnx.split(model)          # once, at the jit boundary
+  logits, cache = apply(graphdef, params, tokens, positions=..., mask=...)
+"""
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxrl_llm.models.config import ModelConfig
+
+LOGICAL_AXES = ("vocab", "embed", "heads", "kv_heads", "head_dim", "mlp")
+_MASKED = -1e30  # finite, so a query row with no visible key gives no NaN
+
+
+def _param(rngs, shape, dtype, axes, std=0.02):
+  return nnx.Param(jax.random.normal(rngs.params(), shape, dtype) * std, logical_axes=axes)
+
+
+def _zeros(shape, dtype, axes):
+  return nnx.Param(jnp.zeros(shape, dtype), logical_axes=axes)
+
+
+class LayerCache(NamedTuple):
+  k_BxSxKxH: jax.Array
+  v_BxSxKxH: jax.Array
+
+
+class KVCache(NamedTuple):
+  """Keys and values of every layer for S slots, which slots hold real tokens, and
+  the next slot to write. A pytree of static shape."""
+
+  layers: tuple[LayerCache, ...]
+  mask_BxS: jax.Array
+  index: jax.Array
+
+
+def init_cache(cfg: ModelConfig, batch_size: int, max_len: int, dtype=None) -> KVCache:
+  """An empty cache for `batch_size` rows and `max_len` slots (prompt + new tokens)."""
+  shape = (batch_size, max_len, cfg.num_kv_heads, cfg.head_dim)
+  dtype = cfg.dtype if dtype is None else dtype
+  layers = tuple(
+    LayerCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)) for _ in range(cfg.num_layers)
+  )
+  return KVCache(layers, jnp.zeros((batch_size, max_len), bool), jnp.zeros((), jnp.int32))
+
+
+def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:
+  """Inverse frequencies theta^(-2i/d), with Llama 3.1's scaling when configured.
+
+  Llama 3.1 ("rope_type": "llama3") divides low frequencies (wavelength above
+  original_max_position / low_freq_factor) by `factor`, keeps high ones
+  (wavelength below original_max_position / high_freq_factor), and
+  interpolates linearly in 1/wavelength between them.
+  """
+  d = cfg.head_dim
+  inv_freq = 1.0 / (cfg.rope_theta ** (np.arange(0, d, 2, dtype=np.float32) / d))
+  s = cfg.rope_scaling
+  if s is None:
+    return inv_freq.astype(np.float32)
+  wavelen = 2 * np.pi / inv_freq
+  low_freq_wavelen = s.original_max_position_embeddings / s.low_freq_factor
+  high_freq_wavelen = s.original_max_position_embeddings / s.high_freq_factor
+  scaled = np.where(wavelen > low_freq_wavelen, inv_freq / s.factor, inv_freq)
+  smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor) / (
+    s.high_freq_factor - s.low_freq_factor
+  )
+  smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled
+  medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
+  return np.where(medium, smoothed, scaled).astype(np.float32)
+
+
+def apply_rope(x_BxLxNxH, positions_BxL, inv_freq_F):
+  """Rotates each (x_i, x_{i + H/2}) pair by angle position * inv_freq_i (the
+  "rotate half" layout that Hugging Face checkpoints use)."""
+  angles_BxLxF = positions_BxL[..., None].astype(jnp.float32) * inv_freq_F
+  cos = jnp.cos(angles_BxLxF)[:, :, None, :]
+  sin = jnp.sin(angles_BxLxF)[:, :, None, :]
+  x1, x2 = jnp.split(x_BxLxNxH.astype(jnp.float32), 2, axis=-1)
+  out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+  return out.astype(x_BxLxNxH.dtype)
+
+
+class RMSNorm(nnx.Module):
+  """y = w * x / sqrt(mean(x^2) + eps), with the statistics in float32."""
+
+  def __init__(self, dim: int, cfg: ModelConfig):
+    self.eps, self.dtype = cfg.rms_norm_eps, cfg.dtype
+    self.scale = nnx.Param(jnp.ones((dim,), cfg.param_dtype), logical_axes=("embed",))
+
+  def __call__(self, x_BxLxD):
+    x = x_BxLxD.astype(jnp.float32)
+    x = x * jax.lax.rsqrt(jnp.mean(jnp.square(x), axis=-1, keepdims=True) + self.eps)
+    return self.scale[...].astype(self.dtype) * x.astype(self.dtype)
+
+
+class Attention(nnx.Module):
+  """Grouped-query self-attention with rotary embeddings and an optional KV cache."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    D, N, K, H, p = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.param_dtype
+    self.cfg = cfg
+    self.q_DxNxH = _param(rngs, (D, N, H), p, ("embed", "heads", "head_dim"))
+    self.k_DxKxH = _param(rngs, (D, K, H), p, ("embed", "kv_heads", "head_dim"))
+    self.v_DxKxH = _param(rngs, (D, K, H), p, ("embed", "kv_heads", "head_dim"))
+    self.o_NxHxD = _param(rngs, (N, H, D), p, ("heads", "head_dim", "embed"))
+    if cfg.qkv_bias:
+      self.q_bias_NxH = _zeros((N, H), p, ("heads", "head_dim"))
+      self.k_bias_KxH = _zeros((K, H), p, ("kv_heads", "head_dim"))
+      self.v_bias_KxH = _zeros((K, H), p, ("kv_heads", "head_dim"))
+    if cfg.o_bias:
+      self.o_bias_D = _zeros((D,), p, ("embed",))
+
+  def _project(self, x_BxLxD, w, bias_name):
+    dt = self.cfg.dtype
+    y = jnp.einsum("bld,dnh->blnh", x_BxLxD, w[...].astype(dt))
+    if self.cfg.qkv_bias:
+      y = y + getattr(self, bias_name)[...].astype(dt)
+    return y
+
+  def __call__(self, x_BxLxD, positions_BxL, key_valid_BxS, inv_freq_F, cache=None, index=None):
+    cfg, dt = self.cfg, self.cfg.dtype
+    B, L, _ = x_BxLxD.shape
+    q_BxLxNxH = apply_rope(
+      self._project(x_BxLxD, self.q_DxNxH, "q_bias_NxH"), positions_BxL, inv_freq_F
+    )
+    k_BxLxKxH = apply_rope(
+      self._project(x_BxLxD, self.k_DxKxH, "k_bias_KxH"), positions_BxL, inv_freq_F
+    )
+    v_BxLxKxH = self._project(x_BxLxD, self.v_DxKxH, "v_bias_KxH")
+    if cache is None:
+      k_BxSxKxH, v_BxSxKxH, q_slot_L = k_BxLxKxH, v_BxLxKxH, jnp.arange(L)
+      new_cache = None
+    else:
+      at = (0, index, 0, 0)
+      k_BxSxKxH = jax.lax.dynamic_update_slice(cache.k_BxSxKxH, k_BxLxKxH.astype(dt), at)
+      v_BxSxKxH = jax.lax.dynamic_update_slice(cache.v_BxSxKxH, v_BxLxKxH.astype(dt), at)
+      q_slot_L = index + jnp.arange(L)
+      new_cache = LayerCache(k_BxSxKxH, v_BxSxKxH)
+    S = k_BxSxKxH.shape[1]
+    visible_BxLxS = (jnp.arange(S)[None, None, :] <= q_slot_L[None, :, None]) & key_valid_BxS[
+      :, None, :
+    ]
+    G = cfg.num_heads // cfg.num_kv_heads
+    q_BxLxKxGxH = q_BxLxNxH.reshape(B, L, cfg.num_kv_heads, G, cfg.head_dim)
+    scores = (
+      jnp.einsum("blkgh,bskh->bkgls", q_BxLxKxGxH, k_BxSxKxH, preferred_element_type=jnp.float32)
+      * cfg.head_dim**-0.5
+    )
+    scores = jnp.where(visible_BxLxS[:, None, None], scores, _MASKED)
+    probs = jax.nn.softmax(scores, axis=-1).astype(dt)
+    out_BxLxKxGxH = jnp.einsum("bkgls,bskh->blkgh", probs, v_BxSxKxH)
+    out_BxLxNxH = out_BxLxKxGxH.reshape(B, L, cfg.num_heads, cfg.head_dim)
+    y = jnp.einsum("blnh,nhd->bld", out_BxLxNxH, self.o_NxHxD[...].astype(dt))
+    if cfg.o_bias:
+      y = y + self.o_bias_D[...].astype(dt)
+    return y, new_cache
+
+
+class MLP(nnx.Module):
+  """SwiGLU: down(silu(gate x) * up x)."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    D, F, p = cfg.hidden_size, cfg.intermediate_size, cfg.param_dtype
+    self.dtype = cfg.dtype
+    self.gate_DxF = _param(rngs, (D, F), p, ("embed", "mlp"))
+    self.up_DxF = _param(rngs, (D, F), p, ("embed", "mlp"))
+    self.down_FxD = _param(rngs, (F, D), p, ("mlp", "embed"))
+
+  def __call__(self, x_BxLxD):
+    dt = self.dtype
+    gate = jax.nn.silu(x_BxLxD @ self.gate_DxF[...].astype(dt))
+    return (gate * (x_BxLxD @ self.up_DxF[...].astype(dt))) @ self.down_FxD[...].astype(dt)
+
+
+class Block(nnx.Module):
+  """Pre-norm residual block: x + attn(norm(x)), then h + mlp(norm(h))."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.attn_norm = RMSNorm(cfg.hidden_size, cfg)
+    self.attn = Attention(cfg, rngs=rngs)
+    self.mlp_norm = RMSNorm(cfg.hidden_size, cfg)
+    self.mlp = MLP(cfg, rngs=rngs)
+
+  def __call__(self, x_BxLxD, positions_BxL, key_valid_BxS, inv_freq_F, cache=None, index=None):
+    attn_out, new_cache = self.attn(
+      self.attn_norm(x_BxLxD), positions_BxL, key_valid_BxS, inv_freq_F, cache, index
+    )
+    h = x_BxLxD + attn_out
+    return h + self.mlp(self.mlp_norm(h)), new_cache
+
+
+def positions_from_mask(mask_BxL):
+  """Position of each token among the real ones of its row: left padding does not count."""
+  return jnp.maximum(jnp.cumsum(mask_BxL.astype(jnp.int32), axis=-1) - 1, 0)
+
+
+class Decoder(nnx.Module):
+  """Embedding, blocks and final norm: tokens to final hidden states (the shared backbone)."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.cfg = cfg
+    self.embed_VxD = _param(
+      rngs, (cfg.vocab_size, cfg.hidden_size), cfg.param_dtype, ("vocab", "embed")
+    )
+    self.layers = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
+    self.norm = RMSNorm(cfg.hidden_size, cfg)
+
+  def __call__(self, tokens_BxL, positions_BxL=None, mask_BxL=None, cache: KVCache | None = None):
+    """Final hidden states `[B, L, D]` (in `cfg.dtype`) and the updated cache (or None).
+
+    Args:
+      tokens_BxL: token ids.
+      positions_BxL: RoPE positions; by default `positions_from_mask(mask_BxL)`.
+        Required with a cache (the rows' positions continue from the prompt).
+      mask_BxL: 1 on real tokens, 0 on padding (default: all 1).
+      cache: a `KVCache`; the tokens are written at slots `cache.index ..`.
+    """
+    if tokens_BxL.ndim != 2:
+      raise ValueError(f"tokens must be [B, L], got shape {tokens_BxL.shape}.")
+    mask_BxL = jnp.ones(tokens_BxL.shape, bool) if mask_BxL is None else mask_BxL.astype(bool)
+    if positions_BxL is None:
+      if cache is not None:
+        raise ValueError("decoding with a cache needs explicit positions_BxL.")
+      positions_BxL = positions_from_mask(mask_BxL)
+    inv_freq_F = jnp.asarray(rope_inv_freq(self.cfg))
+    x = self.embed_VxD[...].astype(self.cfg.dtype)[tokens_BxL]
+    if cache is None:
+      for block in self.layers:
+        x, _ = block(x, positions_BxL, mask_BxL, inv_freq_F)
+      return self.norm(x), None
+    key_valid_BxS = jax.lax.dynamic_update_slice(cache.mask_BxS, mask_BxL, (0, cache.index))
+    new_layers = []
+    for block, layer_cache in zip(self.layers, cache.layers, strict=True):
+      x, layer_cache = block(x, positions_BxL, key_valid_BxS, inv_freq_F, layer_cache, cache.index)
+      new_layers.append(layer_cache)
+    new_cache = KVCache(tuple(new_layers), key_valid_BxS, cache.index + tokens_BxL.shape[1])
+    return self.norm(x), new_cache
+
+
+class CausalLM(nnx.Module):
+  """Decoder plus the language-model head; logits are float32."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.cfg = cfg
+    self.decoder = Decoder(cfg, rngs=rngs)
+    if not cfg.tie_word_embeddings:
+      self.lm_head_DxV = _param(
+        rngs, (cfg.hidden_size, cfg.vocab_size), cfg.param_dtype, ("embed", "vocab")
+      )
+
+  def unembed(self, hidden_BxLxD):
+    """Float32 logits from hidden states (for chunked log-probs over the sequence)."""
+    if self.cfg.tie_word_embeddings:
+      w = self.decoder.embed_VxD[...].astype(self.cfg.dtype)
+      return jnp.einsum("bld,vd->blv", hidden_BxLxD, w, preferred_element_type=jnp.float32)
+    w = self.lm_head_DxV[...].astype(self.cfg.dtype)
+    return jnp.einsum("bld,dv->blv", hidden_BxLxD, w, preferred_element_type=jnp.float32)
+
+  def __call__(self, tokens_BxL, positions_BxL=None, mask_BxL=None, cache: KVCache | None = None):
+    """`(logits_BxLxV float32, cache)`; see `Decoder.__call__` for the arguments."""
+    hidden_BxLxD, cache = self.decoder(tokens_BxL, positions_BxL, mask_BxL, cache)
+    return self.unembed(hidden_BxLxD), cache
+
+
+def apply(graphdef, params, *args, **kwargs):
+  """Calls the model described by `(graphdef, params)` as a pure function.
+
+  `graphdef, params = nnx.split(model)` happens once, outside `jax.jit`; this
+  merges inside the traced function, so params cross the jit boundary as a plain
+  pytree of arrays.
+  """
+  return nnx.merge(graphdef, params)(*args, **kwargs)
+
+
+def logical_axes(tree):
+  """The `logical_axes` metadata of every parameter of a module or state, as a pytree of tuples."""
+  state = tree if isinstance(tree, nnx.State) else nnx.state(tree, nnx.Param)
+  return jax.tree.map(
+    lambda v: v.logical_axes, state, is_leaf=lambda x: isinstance(x, nnx.Variable)
+  )

@@ -39,8 +39,11 @@ def _zeros(shape, dtype, axes):
 
 
 class LayerCache(NamedTuple):
-  k_BxSxKxH: jax.Array
-  v_BxSxKxH: jax.Array
+  """One layer's keys and values, kv-head-major so that decoding reads them without a
+  transpose."""
+
+  k_BxKxSxH: jax.Array
+  v_BxKxSxH: jax.Array
 
 
 class KVCache(NamedTuple):
@@ -54,7 +57,7 @@ class KVCache(NamedTuple):
 
 def init_cache(cfg: ModelConfig, batch_size: int, max_len: int, dtype=None) -> KVCache:
   """An empty cache for `batch_size` rows and `max_len` slots (prompt + new tokens)."""
-  shape = (batch_size, max_len, cfg.num_kv_heads, cfg.head_dim)
+  shape = (batch_size, cfg.num_kv_heads, max_len, cfg.head_dim)
   dtype = cfg.dtype if dtype is None else dtype
   layers = tuple(
     LayerCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)) for _ in range(cfg.num_layers)
@@ -87,15 +90,31 @@ def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:
   return np.where(medium, smoothed, scaled).astype(np.float32)
 
 
-def apply_rope(x_BxLxNxH, positions_BxL, inv_freq_F):
+class Rope(NamedTuple):
+  """cos and sin of each token's rotary angles, computed once per forward pass."""
+
+  cos_BxLxF: jax.Array
+  sin_BxLxF: jax.Array
+
+
+def rope_tables(positions_BxL, inv_freq_F) -> Rope:
+  angles_BxLxF = positions_BxL[..., None].astype(jnp.float32) * inv_freq_F
+  return Rope(jnp.cos(angles_BxLxF), jnp.sin(angles_BxLxF))
+
+
+def apply_rope(x_BxLxNxH, rope: Rope):
   """Rotates each (x_i, x_{i + H/2}) pair by angle position * inv_freq_i (the
   "rotate half" layout that Hugging Face checkpoints use)."""
-  angles_BxLxF = positions_BxL[..., None].astype(jnp.float32) * inv_freq_F
-  cos = jnp.cos(angles_BxLxF)[:, :, None, :]
-  sin = jnp.sin(angles_BxLxF)[:, :, None, :]
+  cos, sin = rope.cos_BxLxF[:, :, None, :], rope.sin_BxLxF[:, :, None, :]
   x1, x2 = jnp.split(x_BxLxNxH.astype(jnp.float32), 2, axis=-1)
   out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
   return out.astype(x_BxLxNxH.dtype)
+
+
+def visibility(q_slot_L, key_valid_BxS):
+  """Which key slots each query sees: earlier-or-same slots that hold real tokens."""
+  S = key_valid_BxS.shape[-1]
+  return (jnp.arange(S)[None, None, :] <= q_slot_L[None, :, None]) & key_valid_BxS[:, None, :]
 
 
 class RMSNorm(nnx.Module):
@@ -135,39 +154,31 @@ class Attention(nnx.Module):
       y = y + getattr(self, bias_name)[...].astype(dt)
     return y
 
-  def __call__(self, x_BxLxD, positions_BxL, key_valid_BxS, inv_freq_F, cache=None, index=None):
+  def __call__(self, x_BxLxD, rope: Rope, visible_BxLxS, cache=None, index=None):
     cfg, dt = self.cfg, self.cfg.dtype
     B, L, _ = x_BxLxD.shape
-    q_BxLxNxH = apply_rope(
-      self._project(x_BxLxD, self.q_DxNxH, "q_bias_NxH"), positions_BxL, inv_freq_F
-    )
-    k_BxLxKxH = apply_rope(
-      self._project(x_BxLxD, self.k_DxKxH, "k_bias_KxH"), positions_BxL, inv_freq_F
-    )
+    q_BxLxNxH = apply_rope(self._project(x_BxLxD, self.q_DxNxH, "q_bias_NxH"), rope)
+    k_BxLxKxH = apply_rope(self._project(x_BxLxD, self.k_DxKxH, "k_bias_KxH"), rope)
     v_BxLxKxH = self._project(x_BxLxD, self.v_DxKxH, "v_bias_KxH")
+    k_BxKxLxH = k_BxLxKxH.transpose(0, 2, 1, 3)
+    v_BxKxLxH = v_BxLxKxH.transpose(0, 2, 1, 3)
     if cache is None:
-      k_BxSxKxH, v_BxSxKxH, q_slot_L = k_BxLxKxH, v_BxLxKxH, jnp.arange(L)
-      new_cache = None
+      k_BxKxSxH, v_BxKxSxH, new_cache = k_BxKxLxH, v_BxKxLxH, None
     else:
-      at = (0, index, 0, 0)
-      k_BxSxKxH = jax.lax.dynamic_update_slice(cache.k_BxSxKxH, k_BxLxKxH.astype(dt), at)
-      v_BxSxKxH = jax.lax.dynamic_update_slice(cache.v_BxSxKxH, v_BxLxKxH.astype(dt), at)
-      q_slot_L = index + jnp.arange(L)
-      new_cache = LayerCache(k_BxSxKxH, v_BxSxKxH)
-    S = k_BxSxKxH.shape[1]
-    visible_BxLxS = (jnp.arange(S)[None, None, :] <= q_slot_L[None, :, None]) & key_valid_BxS[
-      :, None, :
-    ]
-    G = cfg.num_heads // cfg.num_kv_heads
-    q_BxLxKxGxH = q_BxLxNxH.reshape(B, L, cfg.num_kv_heads, G, cfg.head_dim)
+      at = (0, 0, index, 0)
+      k_BxKxSxH = jax.lax.dynamic_update_slice(cache.k_BxKxSxH, k_BxKxLxH.astype(dt), at)
+      v_BxKxSxH = jax.lax.dynamic_update_slice(cache.v_BxKxSxH, v_BxKxLxH.astype(dt), at)
+      new_cache = LayerCache(k_BxKxSxH, v_BxKxSxH)
+    K, G, H = cfg.num_kv_heads, cfg.num_heads // cfg.num_kv_heads, cfg.head_dim
+    q_BxKxGxLxH = q_BxLxNxH.reshape(B, L, K, G, H).transpose(0, 2, 3, 1, 4)
     scores = (
-      jnp.einsum("blkgh,bskh->bkgls", q_BxLxKxGxH, k_BxSxKxH, preferred_element_type=jnp.float32)
-      * cfg.head_dim**-0.5
+      jnp.einsum("bkglh,bksh->bkgls", q_BxKxGxLxH, k_BxKxSxH, preferred_element_type=jnp.float32)
+      * H**-0.5
     )
     scores = jnp.where(visible_BxLxS[:, None, None], scores, _MASKED)
     probs = jax.nn.softmax(scores, axis=-1).astype(dt)
-    out_BxLxKxGxH = jnp.einsum("bkgls,bskh->blkgh", probs, v_BxSxKxH)
-    out_BxLxNxH = out_BxLxKxGxH.reshape(B, L, cfg.num_heads, cfg.head_dim)
+    out_BxKxGxLxH = jnp.einsum("bkgls,bksh->bkglh", probs, v_BxKxSxH)
+    out_BxLxNxH = out_BxKxGxLxH.transpose(0, 3, 1, 2, 4).reshape(B, L, cfg.num_heads, H)
     y = jnp.einsum("blnh,nhd->bld", out_BxLxNxH, self.o_NxHxD[...].astype(dt))
     if cfg.o_bias:
       y = y + self.o_bias_D[...].astype(dt)
@@ -199,10 +210,8 @@ class Block(nnx.Module):
     self.mlp_norm = RMSNorm(cfg.hidden_size, cfg)
     self.mlp = MLP(cfg, rngs=rngs)
 
-  def __call__(self, x_BxLxD, positions_BxL, key_valid_BxS, inv_freq_F, cache=None, index=None):
-    attn_out, new_cache = self.attn(
-      self.attn_norm(x_BxLxD), positions_BxL, key_valid_BxS, inv_freq_F, cache, index
-    )
+  def __call__(self, x_BxLxD, rope: Rope, visible_BxLxS, cache=None, index=None):
+    attn_out, new_cache = self.attn(self.attn_norm(x_BxLxD), rope, visible_BxLxS, cache, index)
     h = x_BxLxD + attn_out
     return h + self.mlp(self.mlp_norm(h)), new_cache
 
@@ -240,16 +249,19 @@ class Decoder(nnx.Module):
       if cache is not None:
         raise ValueError("decoding with a cache needs explicit positions_BxL.")
       positions_BxL = positions_from_mask(mask_BxL)
-    inv_freq_F = jnp.asarray(rope_inv_freq(self.cfg))
+    rope = rope_tables(positions_BxL, jnp.asarray(rope_inv_freq(self.cfg)))
     x = self.embed_VxD[...].astype(self.cfg.dtype)[tokens_BxL]
+    L = tokens_BxL.shape[1]
     if cache is None:
+      visible_BxLxS = visibility(jnp.arange(L), mask_BxL)
       for block in self.layers:
-        x, _ = block(x, positions_BxL, mask_BxL, inv_freq_F)
+        x, _ = block(x, rope, visible_BxLxS)
       return self.norm(x), None
     key_valid_BxS = jax.lax.dynamic_update_slice(cache.mask_BxS, mask_BxL, (0, cache.index))
+    visible_BxLxS = visibility(cache.index + jnp.arange(L), key_valid_BxS)
     new_layers = []
     for block, layer_cache in zip(self.layers, cache.layers, strict=True):
-      x, layer_cache = block(x, positions_BxL, key_valid_BxS, inv_freq_F, layer_cache, cache.index)
+      x, layer_cache = block(x, rope, visible_BxLxS, layer_cache, cache.index)
       new_layers.append(layer_cache)
     new_cache = KVCache(tuple(new_layers), key_valid_BxS, cache.index + tokens_BxL.shape[1])
     return self.norm(x), new_cache
@@ -266,12 +278,23 @@ class CausalLM(nnx.Module):
         rngs, (cfg.hidden_size, cfg.vocab_size), cfg.param_dtype, ("embed", "vocab")
       )
 
-  def unembed(self, hidden_BxLxD):
-    """Float32 logits from hidden states (for chunked log-probs over the sequence)."""
+  def unembedding_DxV(self):
+    """The `[D, V]` output projection: the transposed embedding when tied.
+
+    A decode loop should compute it once, outside the loop: a tied `[V, D]`
+    embedding used as the right operand of every step's matmul is markedly slower
+    on CPU than this layout.
+    """
     if self.cfg.tie_word_embeddings:
+      return self.decoder.embed_VxD[...].astype(self.cfg.dtype).T
+    return self.lm_head_DxV[...].astype(self.cfg.dtype)
+
+  def unembed(self, hidden_BxLxD, unembedding_DxV=None):
+    """Float32 logits from hidden states (for chunked log-probs over the sequence)."""
+    if unembedding_DxV is None and self.cfg.tie_word_embeddings:
       w = self.decoder.embed_VxD[...].astype(self.cfg.dtype)
       return jnp.einsum("bld,vd->blv", hidden_BxLxD, w, preferred_element_type=jnp.float32)
-    w = self.lm_head_DxV[...].astype(self.cfg.dtype)
+    w = self.unembedding_DxV() if unembedding_DxV is None else unembedding_DxV
     return jnp.einsum("bld,dv->blv", hidden_BxLxD, w, preferred_element_type=jnp.float32)
 
   def __call__(self, tokens_BxL, positions_BxL=None, mask_BxL=None, cache: KVCache | None = None):

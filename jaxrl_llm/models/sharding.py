@@ -1,0 +1,91 @@
+"""Declared sharding: a mesh with axes (data, fsdp, tensor) and one table from logical axes to them.
+
+Every parameter names its axes (`logical_axes` metadata: vocab, embed, heads,
+kv_heads, head_dim, mlp); `ShardingRules` maps each name to a mesh axis (or
+None, replicated). Batches are split over `data` (and `fsdp`, which also holds
+a shard of every parameter).
+"""
+
+import dataclasses
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.sharding import AxisType, Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+MESH_AXES = ("data", "fsdp", "tensor")
+BATCH_AXES = ("data", "fsdp")  # a batch's leading axis is split over both
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardingRules:
+  """Logical axis -> mesh axis. The default is FSDP over `fsdp` plus Megatron-style tensor
+  parallelism over `tensor` (heads and the MLP's hidden axis)."""
+
+  vocab: str | None = "tensor"
+  embed: str | None = "fsdp"
+  heads: str | None = "tensor"
+  kv_heads: str | None = "tensor"
+  head_dim: str | None = None
+  mlp: str | None = "tensor"
+
+  def spec(self, logical_axes: tuple[str, ...], shape: tuple[int, ...], mesh: Mesh) -> P:
+    """The PartitionSpec for one array; an axis whose size the mesh axis does not divide
+    (e.g. 2 kv heads over 4 tensor shards) stays replicated."""
+    out, used = [], set()
+    for name, size in zip(logical_axes, shape, strict=True):
+      axis = getattr(self, name) if name is not None else None
+      if axis is None or axis in used or size % mesh.shape[axis]:
+        out.append(None)
+      else:
+        out.append(axis)
+        used.add(axis)
+    return P(*out)
+
+
+def make_mesh(data: int = -1, fsdp: int = 1, tensor: int = 1, devices=None) -> Mesh:
+  """A (data, fsdp, tensor) mesh; -1 on `data` takes the devices the others leave."""
+  devices = jax.devices() if devices is None else devices
+  n = len(devices)
+  if data == -1:
+    if n % (fsdp * tensor):
+      raise ValueError(f"mesh fsdp={fsdp} x tensor={tensor} does not divide {n} devices.")
+    data = n // (fsdp * tensor)
+  if data * fsdp * tensor != n:
+    raise ValueError(
+      f"mesh data={data} x fsdp={fsdp} x tensor={tensor} = {data * fsdp * tensor} must equal "
+      f"the {n} devices; set mesh.data=-1 to take the rest."
+    )
+  return jax.make_mesh(
+    (data, fsdp, tensor), MESH_AXES, axis_types=(AxisType.Auto,) * 3, devices=devices
+  )
+
+
+def batch_sharding(mesh: Mesh, ndim: int = 1) -> NamedSharding:
+  """Leading axis over (data, fsdp); the rest replicated."""
+  return NamedSharding(mesh, P(BATCH_AXES, *([None] * (ndim - 1))))
+
+
+def batch_size_divisor(mesh: Mesh) -> int:
+  return int(np.prod([mesh.shape[a] for a in BATCH_AXES]))
+
+
+def param_shardings(state: nnx.State, mesh: Mesh, rules: ShardingRules = ShardingRules()):
+  """A NamedSharding for every parameter of `state`, from its logical axes."""
+  return jax.tree.map(
+    lambda v: NamedSharding(mesh, rules.spec(v.logical_axes, v.shape, mesh)),
+    state,
+    is_leaf=lambda x: isinstance(x, nnx.Variable),
+  )
+
+
+def shard_params(state: nnx.State, mesh: Mesh, rules: ShardingRules = ShardingRules()):
+  """`state` placed by the rules (a no-op for arrays already placed so)."""
+  shardings = param_shardings(state, mesh, rules)
+  return jax.tree.map(
+    lambda v, s: v.replace(jax.device_put(v[...], s)),
+    state,
+    shardings,
+    is_leaf=lambda x: isinstance(x, nnx.Variable),
+  )

@@ -1,0 +1,270 @@
+"""A jitted sampler: one prefill, then a `lax.while_loop` of single-token decode steps.
+
+Everything has static shape: the KV cache holds `P + N` slots from the start,
+completions are written into a preallocated `[B*G, N]` buffer, and the loop stops
+as soon as every row has produced an EOS. The model code is the trainer's, so
+the log-probs recorded here are the ones the trainer computes (to float
+rounding) for the same tokens.
+"""
+
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxrl_llm.models.sharding import batch_sharding, batch_size_divisor
+from jaxrl_llm.models.transformer import KVCache, init_cache, positions_from_mask
+
+
+class SampleOutput(NamedTuple):
+  """What `generate` returns; rows are group-major (row i*G + g is sample g of prompt i).
+
+  tokens_BxN: sampled ids; `pad_id` after a row's first EOS.
+  mask_BxN: True up to and including the first EOS.
+  logprobs_BxN: float32 log-prob of each sampled token under the distribution it was
+    drawn from (0 where the mask is False); see `process_logits`.
+  lengths_B: number of completion tokens (the EOS included).
+  truncated_B: True where the row hit `max_new_tokens` without an EOS.
+  """
+
+  tokens_BxN: jax.Array
+  mask_BxN: jax.Array
+  logprobs_BxN: jax.Array
+  lengths_B: jax.Array
+  truncated_B: jax.Array
+
+
+def process_logits(logits_BxV, temperature, top_k=None, top_p=None):
+  """The log-probabilities that sampling draws from, float32 `[B, V]`.
+
+    z = logits / temperature;  keep the top_k largest, then the smallest set of
+    most likely tokens whose probability reaches top_p;  log_softmax over the kept set
+
+  So with top-k or top-p, a sampled token's log-prob is under the truncated and
+  renormalised distribution, which is what the behaviour policy really was, and
+  differs from `core.token_logprobs(logits, temperature)` (the full softmax) that
+  a trainer recomputes; without them the two agree. Temperature 0 means greedy:
+  the argmax is taken, and its log-prob is reported at temperature 1.
+  """
+  z = logits_BxV.astype(jnp.float32) / (1.0 if temperature == 0 else temperature)
+  if top_k is not None:
+    kth_B1 = jax.lax.top_k(z, top_k)[0][:, -1:]
+    z = jnp.where(z < kth_B1, -jnp.inf, z)
+  if top_p is not None:
+    sorted_BxV = jnp.sort(z, axis=-1)[:, ::-1]
+    probs_BxV = jax.nn.softmax(sorted_BxV, axis=-1)
+    mass_before_BxV = jnp.cumsum(probs_BxV, axis=-1) - probs_BxV
+    keep_BxV = mass_before_BxV < top_p  # the most likely token always stays
+    threshold_B1 = jnp.min(jnp.where(keep_BxV, sorted_BxV, jnp.inf), axis=-1, keepdims=True)
+    z = jnp.where(z < threshold_B1, -jnp.inf, z)
+  return jax.nn.log_softmax(z, axis=-1)
+
+
+def sample_from_logprobs(key, logp_BxV):
+  """One draw per row from exp(logp), by inverting the CDF with a single uniform per row.
+
+  Exact like `jax.random.categorical`, but it draws B random numbers instead of the
+  B x V Gumbel variates, which dominate a decode step's sampling cost on CPU.
+  Tokens of probability 0 (cut by top-k/top-p) are never drawn.
+  """
+  cdf_BxV = jnp.cumsum(jnp.exp(logp_BxV), axis=-1)
+  u_Bx1 = jax.random.uniform(key, (logp_BxV.shape[0], 1)) * cdf_BxV[:, -1:]
+  token_B = jnp.sum(cdf_BxV <= u_Bx1, axis=-1)
+  return jnp.minimum(token_B, logp_BxV.shape[-1] - 1)
+
+
+class DecodeCarry(NamedTuple):
+  """The state of the decode loop after `step` completion tokens."""
+
+  step: jax.Array
+  logits_BxV: jax.Array  # the model's logits for the next token
+  cache: KVCache
+  tokens_BxN: jax.Array
+  logprobs_BxN: jax.Array
+  done_B: jax.Array  # the row has produced an EOS
+  next_pos_B: jax.Array  # RoPE position of the next token
+
+
+def _decode_step(carry: DecodeCarry, model, unembedding_DxV, key, eos_ids, sampling, pad_id):
+  """Samples token `step`, records it, and runs the model on it for the next logits."""
+  temperature, top_k, top_p = sampling
+  logp_BxV = process_logits(carry.logits_BxV, temperature, top_k, top_p)
+  if temperature == 0:
+    token_B = jnp.argmax(logp_BxV, axis=-1)
+  else:
+    token_B = sample_from_logprobs(jax.random.fold_in(key, carry.step), logp_BxV)
+  token_B = token_B.astype(jnp.int32)
+  lp_B = jnp.take_along_axis(logp_BxV, token_B[:, None], axis=-1)[:, 0]
+  token_B = jnp.where(carry.done_B, pad_id, token_B)
+  lp_B = jnp.where(carry.done_B, 0.0, lp_B)
+  tokens_BxN = carry.tokens_BxN.at[:, carry.step].set(token_B)
+  logprobs_BxN = carry.logprobs_BxN.at[:, carry.step].set(lp_B)
+  done_B = carry.done_B | jnp.isin(token_B, eos_ids)
+  hidden_Bx1xD, cache = model.decoder(
+    token_B[:, None], carry.next_pos_B[:, None], jnp.ones_like(token_B[:, None], bool), carry.cache
+  )
+  logits_Bx1xV = model.unembed(hidden_Bx1xD, unembedding_DxV)
+  return DecodeCarry(
+    carry.step + 1,
+    logits_Bx1xV[:, 0],
+    cache,
+    tokens_BxN,
+    logprobs_BxN,
+    done_B,
+    carry.next_pos_B + 1,
+  )
+
+
+@functools.partial(
+  jax.jit,
+  static_argnames=(
+    "graphdef",
+    "max_new_tokens",
+    "num_samples",
+    "sampling",
+    "pad_id",
+    "cache_dtype",
+    "out_sharding",
+  ),
+)
+def _generate(
+  graphdef,
+  params,
+  prompt_BxP,
+  prompt_mask_BxP,
+  rng,
+  eos_ids,
+  *,
+  max_new_tokens,
+  num_samples,
+  sampling,
+  pad_id,
+  cache_dtype,
+  out_sharding,
+):
+  constrain = (
+    (lambda x: x)
+    if out_sharding is None
+    else (lambda x: jax.lax.with_sharding_constraint(x, out_sharding(x.ndim)))
+  )
+  prompt_BxP = constrain(jnp.repeat(prompt_BxP, num_samples, axis=0))
+  prompt_mask_BxP = constrain(jnp.repeat(prompt_mask_BxP.astype(bool), num_samples, axis=0))
+  B, P = prompt_BxP.shape
+  N = max_new_tokens
+  model = nnx.merge(graphdef, params)
+  cache = init_cache(model.cfg, B, P + N, cache_dtype)
+  positions_BxP = positions_from_mask(prompt_mask_BxP)
+  hidden_BxPxD, cache = model.decoder(prompt_BxP, positions_BxP, prompt_mask_BxP, cache)
+  unembedding_DxV = model.unembedding_DxV()
+  carry = DecodeCarry(
+    step=jnp.zeros((), jnp.int32),
+    logits_BxV=model.unembed(hidden_BxPxD[:, -1:], unembedding_DxV)[:, 0],  # last token only
+    cache=cache,
+    tokens_BxN=constrain(jnp.full((B, N), pad_id, jnp.int32)),
+    logprobs_BxN=constrain(jnp.zeros((B, N), jnp.float32)),
+    done_B=constrain(jnp.zeros((B,), bool)),
+    next_pos_B=positions_BxP[:, -1] + 1,
+  )
+  step = functools.partial(
+    _decode_step,
+    model=model,
+    unembedding_DxV=unembedding_DxV,
+    key=rng,
+    eos_ids=eos_ids,
+    sampling=sampling,
+    pad_id=pad_id,
+  )
+  carry = jax.lax.while_loop(lambda c: (c.step < N) & ~jnp.all(c.done_B), step, carry)
+  # A row's mask covers its tokens up to and including its first EOS.
+  is_eos_BxN = jnp.isin(carry.tokens_BxN, eos_ids) & (jnp.arange(N) < carry.step)
+  eos_before_BxN = jnp.cumsum(is_eos_BxN, axis=-1) - is_eos_BxN
+  mask_BxN = (eos_before_BxN == 0) & (jnp.arange(N) < carry.step)
+  return SampleOutput(
+    tokens_BxN=carry.tokens_BxN,
+    mask_BxN=mask_BxN,
+    logprobs_BxN=jnp.where(mask_BxN, carry.logprobs_BxN, 0.0),
+    lengths_B=mask_BxN.sum(-1).astype(jnp.int32),
+    truncated_B=~jnp.any(is_eos_BxN, axis=-1),
+  )
+
+
+def generate(
+  model,
+  prompt_BxP,
+  prompt_mask_BxP,
+  rng,
+  *,
+  max_new_tokens: int,
+  temperature: float = 1.0,
+  top_k: int | None = None,
+  top_p: float | None = None,
+  eos_ids=(),
+  num_samples: int = 1,
+  pad_id: int = 0,
+  params=None,
+  mesh=None,
+  cache_dtype=None,
+) -> SampleOutput:
+  """Samples `num_samples` completions of every left-padded prompt.
+
+  Args:
+    model: a `CausalLM`, or its graphdef (then pass `params=`).
+    prompt_BxP: left-padded prompt ids; each row needs at least one real token.
+    prompt_mask_BxP: 1 on real prompt tokens.
+    rng: a `jax.random.key`; the same key gives the same samples, on any mesh.
+    max_new_tokens: N, the completion buffer's length.
+    temperature: > 0 samples from softmax(logits / temperature); 0 is greedy.
+    top_k, top_p: optional truncation of the sampling distribution.
+    eos_ids: ids that end a completion (the EOS itself is kept and masked in).
+    num_samples: G completions per prompt, rows i*G .. i*G+G-1 for prompt i.
+    pad_id: written after a row's EOS.
+    params: the parameter state when `model` is a graphdef.
+    mesh: a (data, fsdp, tensor) mesh; the B*G rows are split over data and fsdp.
+      Place the params with `models.sharding.shard_params` first.
+    cache_dtype: KV cache dtype (default: the model's compute dtype).
+  """
+  if params is None:
+    graphdef, params = nnx.split(model)
+  else:
+    graphdef = model
+  if prompt_BxP.ndim != 2 or prompt_BxP.shape != prompt_mask_BxP.shape:
+    raise ValueError(
+      f"prompts {prompt_BxP.shape} and mask {prompt_mask_BxP.shape} must be one [B, P] shape."
+    )
+  if max_new_tokens < 1 or num_samples < 1:
+    raise ValueError(
+      f"max_new_tokens ({max_new_tokens}) and num_samples ({num_samples}) must be >= 1."
+    )
+  if (
+    temperature < 0
+    or (top_p is not None and not 0 < top_p <= 1)
+    or (top_k is not None and top_k < 1)
+  ):
+    raise ValueError(
+      f"need temperature >= 0, 0 < top_p <= 1 and top_k >= 1; got {temperature}, {top_p}, {top_k}."
+    )
+  out_sharding = None
+  if mesh is not None:
+    rows = prompt_BxP.shape[0] * num_samples
+    if rows % batch_size_divisor(mesh):
+      raise ValueError(
+        f"B*G = {rows} rows must divide over the mesh's data x fsdp = "
+        f"{batch_size_divisor(mesh)} devices."
+      )
+    out_sharding = functools.partial(batch_sharding, mesh)
+  return _generate(
+    graphdef,
+    params,
+    jnp.asarray(prompt_BxP, jnp.int32),
+    jnp.asarray(prompt_mask_BxP),
+    rng,
+    jnp.asarray(eos_ids, jnp.int32).reshape(-1),
+    max_new_tokens=max_new_tokens,
+    num_samples=num_samples,
+    sampling=(float(temperature), top_k, top_p),
+    pad_id=pad_id,
+    cache_dtype=cache_dtype,
+    out_sharding=out_sharding,
+  )

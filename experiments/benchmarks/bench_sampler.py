@@ -52,6 +52,21 @@ def measure_bandwidth(gib=1.0):
   return x.nbytes / time_fn(read, x, repeats=10)
 
 
+def measure_matmul_flops(m, k, n, dtype):
+  """FLOP/s of a jitted [m, k] x [k, n] matmul."""
+  a, b = jnp.ones((m, k), dtype), jnp.ones((k, n), dtype)
+  return 2 * m * k * n / time_fn(jax.jit(jnp.matmul), a, b, repeats=10)
+
+
+def decode_step_flops(cfg):
+  """Multiply-adds x 2 of one decode step: every matmul parameter once per row, plus attention
+  over the full cache."""
+  D, F, V, H = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, cfg.head_dim
+  per_layer = D * H * (2 * cfg.num_heads + 2 * cfg.num_kv_heads) + 3 * D * F
+  attention = 2 * cfg.num_heads * H * (P + N)
+  return 2 * B * (cfg.num_layers * (per_layer + attention) + D * V)
+
+
 def decode_step_bytes(cfg, params):
   param_bytes = sum(x.nbytes for x in jax.tree.leaves(params))
   cache_bytes = (
@@ -146,6 +161,15 @@ def main(argv=None):
     bandwidth_gb_s=bandwidth / 1e9,
     roofline_fraction=roofline,
   )
+  flops = decode_step_flops(cfg)
+  peak = measure_matmul_flops(2048, 2048, 2048, cfg.dtype)
+  small = measure_matmul_flops(B, cfg.hidden_size, cfg.intermediate_size, cfg.dtype)
+  results.update(
+    flops_per_step=flops,
+    achieved_gflops=flops / step_s / 1e9,
+    matmul_peak_gflops=peak / 1e9,
+    decode_matmul_gflops=small / 1e9,
+  )
   print(
     f"jaxrl_llm generate: {tok_s:8.0f} tokens/s  ({t_full:.2f} s; decode step "
     f"{1e3 * step_s:.2f} ms)"
@@ -154,6 +178,11 @@ def main(argv=None):
     f"roofline: {(param_bytes + cache_bytes) / 1e6:.0f} MB read per decode step "
     f"(params {param_bytes / 1e6:.0f} MB + KV cache {cache_bytes / 1e6:.0f} MB) at "
     f"{bandwidth / 1e9:.1f} GB/s streaming read -> {100 * roofline:.0f}% of roofline"
+  )
+  print(
+    f"compute: {flops / 1e9:.2f} GFLOP per decode step at {flops / step_s / 1e9:.0f} GFLOP/s; "
+    f"a [{B}x{cfg.hidden_size}]x[{cfg.hidden_size}x{cfg.intermediate_size}] matmul alone "
+    f"runs at {small / 1e9:.0f} GFLOP/s, a 2048^3 one at {peak / 1e9:.0f}"
   )
   if importlib.util.find_spec("torch") and importlib.util.find_spec("transformers"):
     t_hf, torch_info = bench_transformers(model, prompt, mask, args.repeats)

@@ -52,5 +52,7 @@ def test_char_tokenizer_round_trip():
   assert tok.decode([tok.bos_id, *ids, tok.eos_id, tok.pad_id]) == "12+35=47"
   assert tok.decode([tok.eos_id], skip_special_tokens=False) == "<eos>"
   assert tok.vocab_size == 3 + len(tok.alphabet)
+  small = CharTokenizer("0123456789+=", with_bos=False)
+  assert small.vocab_size == 14 and small.bos_id is None and small.encode("1") == [3]
   with pytest.raises(ValueError, match="'€' is not in the CharTokenizer alphabet"):
     tok.encode("5€")

@@ -154,8 +154,8 @@ def load_model(
       `model-*.safetensors` files with `model.safetensors.index.json`.
     dtype: the compute dtype (activations, matmuls).
     param_dtype: the dtype parameters are stored in (default: `dtype`).
-    sharding: maps a parameter's logical axes (e.g. `("vocab", "embed")`) to the
-      `jax.sharding.Sharding` it is placed with; default: the default device.
+    sharding: maps a parameter's logical axes (e.g. `("vocab", "embed")`) and shape to
+      the `jax.sharding.Sharding` it is placed with; default: the default device.
 
   Raises:
     CheckpointError: unsupported architecture, missing or unexpected tensor, or a
@@ -204,7 +204,9 @@ def load_model(
             f"config.json implies {list(spec.hf_shape)}."
           )
         value = spec.to_ours(f.get_tensor(name)).astype(np_dtype, copy=False)
-        target = None if sharding is None else sharding(_get(state, spec.path).logical_axes)
+        target = (
+          None if sharding is None else sharding(_get(state, spec.path).logical_axes, spec.shape)
+        )
         _set(params, spec.path, jax.device_put(value, target))
         del value
   nnx.replace_by_pure_dict(state, params)

@@ -44,6 +44,9 @@ class ShardingRules:
     return P(*out)
 
 
+DEFAULT_RULES = ShardingRules()
+
+
 def make_mesh(data: int = -1, fsdp: int = 1, tensor: int = 1, devices=None) -> Mesh:
   """A (data, fsdp, tensor) mesh; -1 on `data` takes the devices the others leave."""
   devices = jax.devices() if devices is None else devices
@@ -71,7 +74,7 @@ def batch_size_divisor(mesh: Mesh) -> int:
   return int(np.prod([mesh.shape[a] for a in BATCH_AXES]))
 
 
-def param_shardings(state: nnx.State, mesh: Mesh, rules: ShardingRules = ShardingRules()):
+def param_shardings(state: nnx.State, mesh: Mesh, rules: ShardingRules = DEFAULT_RULES):
   """A NamedSharding for every parameter of `state`, from its logical axes."""
   return jax.tree.map(
     lambda v: NamedSharding(mesh, rules.spec(v.logical_axes, v.shape, mesh)),
@@ -80,7 +83,7 @@ def param_shardings(state: nnx.State, mesh: Mesh, rules: ShardingRules = Shardin
   )
 
 
-def shard_params(state: nnx.State, mesh: Mesh, rules: ShardingRules = ShardingRules()):
+def shard_params(state: nnx.State, mesh: Mesh, rules: ShardingRules = DEFAULT_RULES):
   """`state` placed by the rules (a no-op for arrays already placed so)."""
   shardings = param_shardings(state, mesh, rules)
   return jax.tree.map(

@@ -112,20 +112,25 @@ class HFTokenizer:
 
 
 class CharTokenizer:
-  """One id per character of `alphabet`, after <pad> (0), <bos> (1) and <eos> (2).
+  """One id per character of `alphabet`, after <pad> (0), <eos> (1) and, unless
+  `with_bos=False`, <bos> (2).
 
   For synthetic tasks with tiny models. Unknown characters raise.
   """
 
-  SPECIALS = ("<pad>", "<bos>", "<eos>")
-
-  def __init__(self, alphabet: str = "0123456789+-*/=() abcdefghijklmnopqrstuvwxyz.,:?#\n"):
+  def __init__(
+    self,
+    alphabet: str = "0123456789+-*/=() abcdefghijklmnopqrstuvwxyz.,:?#\n",
+    with_bos: bool = True,
+  ):
     if len(set(alphabet)) != len(alphabet):
       raise ValueError("CharTokenizer alphabet has repeated characters.")
+    self.specials = ("<pad>", "<eos>", "<bos>") if with_bos else ("<pad>", "<eos>")
     self.alphabet = alphabet
-    self._ids = {c: i + len(self.SPECIALS) for i, c in enumerate(alphabet)}
-    self.pad_id, self.bos_id, self.eos_id = 0, 1, 2
-    self.vocab_size = len(self.SPECIALS) + len(alphabet)
+    self._ids = {c: i + len(self.specials) for i, c in enumerate(alphabet)}
+    self.pad_id, self.eos_id = 0, 1
+    self.bos_id = 2 if with_bos else None
+    self.vocab_size = len(self.specials) + len(alphabet)
 
   def encode(self, text: str) -> list[int]:
     try:
@@ -136,16 +141,16 @@ class CharTokenizer:
   def decode(self, ids, skip_special_tokens: bool = True) -> str:
     out = []
     for i in map(int, ids):
-      if i < len(self.SPECIALS):
+      if i < len(self.specials):
         if not skip_special_tokens:
-          out.append(self.SPECIALS[i])
+          out.append(self.specials[i])
       else:
-        out.append(self.alphabet[i - len(self.SPECIALS)])
+        out.append(self.alphabet[i - len(self.specials)])
     return "".join(out)
 
   def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-    text = "".join(m["content"] for m in messages)
-    return text
+    """No roles in a character vocabulary: the messages' contents, concatenated."""
+    return "".join(m["content"] for m in messages)
 
 
 def load_tokenizer(path) -> HFTokenizer:

@@ -126,7 +126,7 @@ def _decode_step(carry: DecodeCarry, model, unembedding_DxV, key, eos_ids, sampl
     "sampling",
     "pad_id",
     "cache_dtype",
-    "out_sharding",
+    "mesh",
   ),
 )
 def _generate(
@@ -142,12 +142,12 @@ def _generate(
   sampling,
   pad_id,
   cache_dtype,
-  out_sharding,
+  mesh,
 ):
   constrain = (
     (lambda x: x)
-    if out_sharding is None
-    else (lambda x: jax.lax.with_sharding_constraint(x, out_sharding(x.ndim)))
+    if mesh is None
+    else (lambda x: jax.lax.with_sharding_constraint(x, batch_sharding(mesh, x.ndim)))
   )
   prompt_BxP = constrain(jnp.repeat(prompt_BxP, num_samples, axis=0))
   prompt_mask_BxP = constrain(jnp.repeat(prompt_mask_BxP.astype(bool), num_samples, axis=0))
@@ -245,15 +245,12 @@ def generate(
     raise ValueError(
       f"need temperature >= 0, 0 < top_p <= 1 and top_k >= 1; got {temperature}, {top_p}, {top_k}."
     )
-  out_sharding = None
-  if mesh is not None:
-    rows = prompt_BxP.shape[0] * num_samples
-    if rows % batch_size_divisor(mesh):
-      raise ValueError(
-        f"B*G = {rows} rows must divide over the mesh's data x fsdp = "
-        f"{batch_size_divisor(mesh)} devices."
-      )
-    out_sharding = functools.partial(batch_sharding, mesh)
+  rows = prompt_BxP.shape[0] * num_samples
+  if mesh is not None and rows % batch_size_divisor(mesh):
+    raise ValueError(
+      f"B*G = {rows} rows must divide over the mesh's data x fsdp = "
+      f"{batch_size_divisor(mesh)} devices."
+    )
   return _generate(
     graphdef,
     params,
@@ -266,5 +263,5 @@ def generate(
     sampling=(float(temperature), top_k, top_p),
     pad_id=pad_id,
     cache_dtype=cache_dtype,
-    out_sharding=out_sharding,
+    mesh=mesh,
   )

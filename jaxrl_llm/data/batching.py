@@ -1,0 +1,25 @@
+"""Left-padded prompt batches for the sampler."""
+
+from typing import NamedTuple
+
+import numpy as np
+
+
+class PromptBatch(NamedTuple):
+  tokens_BxP: np.ndarray  # int32, left-padded
+  mask_BxP: np.ndarray  # bool, True on real tokens
+
+
+def left_pad(token_lists: list[list[int]], length: int, pad_id: int) -> PromptBatch:
+  """Right-aligns each token list in a `[B, length]` array."""
+  tokens = np.full((len(token_lists), length), pad_id, np.int32)
+  mask = np.zeros((len(token_lists), length), bool)
+  for i, ids in enumerate(token_lists):
+    if not 0 < len(ids) <= length:
+      raise ValueError(
+        f"prompt {i} has {len(ids)} tokens; prompts need 1..{length} "
+        "(raise the prompt length or shorten the prompt)."
+      )
+    tokens[i, length - len(ids) :] = ids
+    mask[i, length - len(ids) :] = True
+  return PromptBatch(tokens, mask)

@@ -1,0 +1,26 @@
+"""python -m jaxrl_llm.train --config experiments/<name>.py [--config.<key>=<value> ...]"""
+
+from absl import app, logging
+from ml_collections import config_flags
+
+from jaxrl_llm.train.config import from_config_dict
+from jaxrl_llm.train.loop import train
+
+_CONFIG = config_flags.DEFINE_config_file(
+  "config", "experiments/default.py", "An experiment file with get_config()."
+)
+
+
+def main(argv):
+  del argv
+  logging.set_verbosity(logging.WARNING)  # JAX's backend probing is not news
+  summary = train(from_config_dict(_CONFIG.value))
+  print(f"metrics: {summary['metrics']}")
+  print(
+    f"heldout_accuracy before={summary['heldout_accuracy_before']:.3f} "
+    f"after={summary['heldout_accuracy_after']:.3f}"
+  )
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,312 @@
+"""Typed, validated trainer configuration.
+
+Experiment files (`experiments/*.py`) return an `ml_collections.ConfigDict`;
+`from_config_dict` turns it into these frozen dataclasses once, checking every
+key, so a typo or an impossible combination fails before anything compiles, with
+a message naming the key and the fix.
+"""
+
+import dataclasses
+import difflib
+import inspect
+import typing
+from typing import Any
+
+import ml_collections
+
+from jaxrl_llm import core
+
+TOKEN_ESTIMATORS = ("gae", "reinforce_plus_plus")  # per-token advantages; the rest are groups
+
+
+class ConfigError(ValueError):
+  """A configuration that cannot run; the message names the key."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSection:
+  """`path`: a local Hugging Face directory, or "" for a random-init model of the sizes below."""
+
+  path: str = ""
+  architecture: str = "qwen2"
+  hidden_size: int = 64
+  intermediate_size: int = 176
+  num_layers: int = 2
+  num_heads: int = 4
+  num_kv_heads: int = 2
+  head_dim: int | None = None
+  tie_word_embeddings: bool = True
+  dtype: str = "float32"
+  param_dtype: str = "float32"
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskSection:
+  name: str = "arithmetic"
+  digits: int = 2
+  ops: str = "+"
+  test_fraction: float = 0.2
+  train_examples: int = 4096  # prompts RL draws from (their answers are only used by rewards)
+  prompt_length: int = 8  # prompts are left-padded to this many tokens
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutSection:
+  prompts_per_step: int = 32
+  group_size: int = 8
+  max_new_tokens: int = 5
+  temperature: float = 1.0
+  top_k: int | None = None
+  top_p: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class AlgoSection:
+  """The knobs the ablation literature turns."""
+
+  estimator: str = "grpo"
+  policy_loss: str = "ppo_clip"
+  clip_low: float | None = None  # None: the loss's own default
+  clip_high: float | None = None
+  dual_clip: float | None = None
+  aggregation: str = "token-mean"
+  kl_placement: str = "loss"  # "loss" (GRPO), "reward" (PPO-RLHF) or "none"
+  kl_estimator: str = "k3"
+  kl_coef: float = 0.0
+  kl_mode: str = "fixed"  # or "adaptive" (then kl_target, kl_horizon)
+  kl_target: float | None = None
+  kl_horizon: int | None = None
+  entropy_coef: float = 0.0
+  ppo_epochs: int = 1
+  num_minibatches: int = 1
+  micro_batches: int = 1  # gradient accumulation steps per minibatch
+  gamma: float = 1.0
+  lam: float = 0.95
+  adv_eps: float = 1e-6
+  critic_lr: float = 1e-3
+  cliprange_value: float | None = 0.2
+  critic_warmup_steps: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimSection:
+  learning_rate: float = 1e-3
+  warmup_steps: int = 0
+  schedule: str = "constant"  # or "cosine" (decays to 0 over run.steps)
+  weight_decay: float = 0.0
+  b1: float = 0.9
+  b2: float = 0.999
+  grad_clip: float = 1.0
+  max_consecutive_skips: int = 5  # non-finite updates in a row before the run stops
+
+
+@dataclasses.dataclass(frozen=True)
+class WarmstartSection:
+  """Supervised warm start on labelled examples before RL (0 steps: none)."""
+
+  steps: int = 0
+  examples: int = 256
+  batch_size: int = 64
+  learning_rate: float = 3e-3
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshSection:
+  data: int = -1  # -1: the devices the other axes leave
+  fsdp: int = 1
+  tensor: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSection:
+  steps: int = 100
+  seed: int = 0
+  workdir: str = "runs/default"
+  eval_examples: int = 256
+  eval_batch_size: int = 256
+  tensorboard: bool = True
+  progress: bool = True
+  peak_flops_per_device: float | None = None  # for MFU; None: a known accelerator, or measured
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+  model: ModelSection = ModelSection()
+  task: TaskSection = TaskSection()
+  rollout: RolloutSection = RolloutSection()
+  algo: AlgoSection = AlgoSection()
+  optim: OptimSection = OptimSection()
+  warmstart: WarmstartSection = WarmstartSection()
+  mesh: MeshSection = MeshSection()
+  run: RunSection = RunSection()
+
+  @property
+  def batch_size(self) -> int:
+    """Sequences per iteration: prompts x group size."""
+    return self.rollout.prompts_per_step * self.rollout.group_size
+
+  @property
+  def uses_critic(self) -> bool:
+    return self.algo.estimator == "gae"
+
+  def policy_loss_kwargs(self) -> dict:
+    """The clip settings the chosen loss accepts, leaving its own defaults where unset."""
+    fn = core.POLICY_LOSSES[self.algo.policy_loss]
+    accepted = inspect.signature(fn).parameters
+    given = {
+      "clip_low": self.algo.clip_low,
+      "clip_high": self.algo.clip_high,
+      "dual_clip": self.algo.dual_clip,
+    }
+    return {k: v for k, v in given.items() if v is not None and k in accepted}
+
+
+def _field_type(field: dataclasses.Field):
+  """The non-None type of an `X | None` annotation."""
+  args = [a for a in typing.get_args(field.type) if a is not type(None)]
+  return args[0] if args else field.type
+
+
+def default_config_dict() -> ml_collections.ConfigDict:
+  """Every section and key at its default, as a ConfigDict for experiment files to edit.
+
+  Keys that default to None are typed placeholders, so `--config.algo.clip_high=0.28`
+  works on the command line.
+  """
+  out = ml_collections.ConfigDict()
+  for section in dataclasses.fields(TrainConfig):
+    values = {}
+    for f in dataclasses.fields(type(section.default)):
+      value = getattr(section.default, f.name)
+      values[f.name] = (
+        ml_collections.config_dict.placeholder(_field_type(f)) if value is None else value
+      )
+    out[section.name] = ml_collections.ConfigDict(values)
+  return out
+
+
+def _section(cls, values: dict, prefix: str):
+  fields = {f.name for f in dataclasses.fields(cls)}
+  for key in values:
+    if key not in fields:
+      close = difflib.get_close_matches(key, fields, n=1)
+      hint = f" Did you mean config.{prefix}.{close[0]}?" if close else ""
+      raise ConfigError(
+        f"config.{prefix}.{key} is not a setting.{hint} Known: {', '.join(sorted(fields))}."
+      )
+  return cls(**values)
+
+
+def from_config_dict(config: Any) -> TrainConfig:
+  """Builds and validates a TrainConfig from a ConfigDict (or nested dict)."""
+  raw = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+  sections = {f.name: type(f.default) for f in dataclasses.fields(TrainConfig)}
+  for key in raw:
+    if key not in sections:
+      raise ConfigError(f"config.{key} is not a section; sections: {', '.join(sections)}.")
+  cfg = TrainConfig(
+    **{name: _section(cls, dict(raw.get(name, {})), name) for name, cls in sections.items()}
+  )
+  validate(cfg)
+  return cfg
+
+
+def _check(ok: bool, message: str) -> None:
+  if not ok:
+    raise ConfigError(message)
+
+
+def _known(name, registry, key, extra=()):
+  names = sorted(set(registry) | set(extra))
+  _check(name in names, f"config.{key}={name!r} is unknown; choose one of {', '.join(names)}.")
+
+
+def validate(cfg: TrainConfig, num_devices: int | None = None) -> None:
+  """Raises ConfigError for settings that cannot work together."""
+  a, r = cfg.algo, cfg.rollout
+  _known(a.estimator, core.GROUP_ESTIMATORS, "algo.estimator", TOKEN_ESTIMATORS)
+  _known(a.policy_loss, core.POLICY_LOSSES, "algo.policy_loss")
+  _known(a.aggregation, core.AGGREGATION_MODES, "algo.aggregation")
+  _known(a.kl_estimator, core.KL_ESTIMATORS, "algo.kl_estimator")
+  _check(
+    a.kl_placement in ("loss", "reward", "none"),
+    f"config.algo.kl_placement={a.kl_placement!r}; use 'loss', 'reward' or 'none'.",
+  )
+  _check(
+    a.kl_mode in ("fixed", "adaptive"),
+    f"config.algo.kl_mode={a.kl_mode!r}; use 'fixed' or 'adaptive'.",
+  )
+  if a.kl_mode == "adaptive":
+    _check(
+      a.kl_target is not None and a.kl_horizon is not None,
+      "config.algo.kl_mode='adaptive' needs config.algo.kl_target and config.algo.kl_horizon.",
+    )
+  if a.kl_placement == "reward" and a.kl_coef > 0:
+    _check(
+      a.estimator in TOKEN_ESTIMATORS,
+      f"config.algo.kl_placement='reward' puts a per-token KL penalty in the reward, which "
+      f"only per-token estimators ({', '.join(TOKEN_ESTIMATORS)}) see; with "
+      f"estimator={a.estimator!r} use kl_placement='loss'.",
+    )
+  if a.estimator in core.GROUP_ESTIMATORS and a.estimator not in (
+    "dr_grpo",
+    "reinforce_plus_plus_baseline",
+  ):
+    _check(
+      r.group_size >= 2,
+      f"config.rollout.group_size=1 with config.algo.estimator={a.estimator!r}: a group "
+      "baseline needs at least 2 samples per prompt; raise group_size or use 'gae'.",
+    )
+  for key in ("prompts_per_step", "group_size", "max_new_tokens"):
+    _check(getattr(r, key) >= 1, f"config.rollout.{key} must be >= 1.")
+  _check(
+    r.temperature > 0,
+    "config.rollout.temperature must be > 0 for RL (sampling); "
+    "greedy rollouts give no exploration.",
+  )
+  for key in ("ppo_epochs", "num_minibatches", "micro_batches"):
+    _check(getattr(a, key) >= 1, f"config.algo.{key} must be >= 1.")
+  _check(
+    cfg.batch_size % a.num_minibatches == 0,
+    f"config.algo.num_minibatches={a.num_minibatches} must divide the batch of "
+    f"{cfg.batch_size} sequences (rollout.prompts_per_step x rollout.group_size).",
+  )
+  minibatch = cfg.batch_size // a.num_minibatches
+  _check(
+    minibatch % a.micro_batches == 0,
+    f"config.algo.micro_batches={a.micro_batches} must divide the minibatch of {minibatch} "
+    "sequences.",
+  )
+  _check(
+    cfg.optim.schedule in ("constant", "cosine"),
+    f"config.optim.schedule={cfg.optim.schedule!r}; use 'constant' or 'cosine'.",
+  )
+  _check(
+    cfg.task.name == "arithmetic",
+    f"config.task.name={cfg.task.name!r} is unknown; available: 'arithmetic'.",
+  )
+  _check(
+    cfg.model.dtype in ("float32", "bfloat16") and cfg.model.param_dtype in ("float32", "bfloat16"),
+    "config.model.dtype and param_dtype must be 'float32' or 'bfloat16'.",
+  )
+  if num_devices is not None:
+    m = cfg.mesh
+    fixed = m.fsdp * m.tensor * (1 if m.data == -1 else m.data)
+    _check(
+      num_devices % fixed == 0 if m.data == -1 else fixed == num_devices,
+      f"config.mesh data={m.data} x fsdp={m.fsdp} x tensor={m.tensor} does not fit the "
+      f"{num_devices} devices; set config.mesh.data=-1 to use the rest.",
+    )
+    data = num_devices // (m.fsdp * m.tensor) if m.data == -1 else m.data
+    shards = data * m.fsdp
+    for what, rows in (
+      ("batch", cfg.batch_size),
+      ("minibatch", minibatch),
+      ("micro-batch", minibatch // a.micro_batches),
+    ):
+      _check(
+        rows % shards == 0,
+        f"the {what} of {rows} sequences does not split over mesh data x fsdp = {shards} "
+        "devices; change config.rollout.prompts_per_step, config.algo.num_minibatches or "
+        "config.algo.micro_batches, or the mesh.",
+      )

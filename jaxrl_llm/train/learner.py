@@ -1,0 +1,148 @@
+"""Builds the models, the sharded train state and the jitted programs for a config."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import NamedSharding
+
+from jaxrl_llm.models import CausalLM, ModelConfig, ValueModel, load_model
+from jaxrl_llm.models.sharding import DEFAULT_RULES, ShardingRules, batch_sharding, param_shardings
+from jaxrl_llm.rollout import SampleOutput, generate
+from jaxrl_llm.train import state as state_lib
+from jaxrl_llm.train import step as step_lib
+from jaxrl_llm.train.config import TrainConfig
+
+
+def model_config(cfg: TrainConfig, vocab_size: int, eos_id: int) -> ModelConfig:
+  m = cfg.model
+  return ModelConfig(
+    vocab_size=vocab_size,
+    hidden_size=m.hidden_size,
+    intermediate_size=m.intermediate_size,
+    num_layers=m.num_layers,
+    num_heads=m.num_heads,
+    num_kv_heads=m.num_kv_heads,
+    head_dim=m.head_dim,
+    qkv_bias=m.architecture == "qwen2",
+    tie_word_embeddings=m.tie_word_embeddings,
+    architecture=m.architecture,
+    eos_token_id=eos_id,
+    max_position_embeddings=4096,
+    param_dtype=jnp.dtype(m.param_dtype),
+    dtype=jnp.dtype(m.dtype),
+  )
+
+
+class Learner:
+  """The policy (and critic) on a mesh, the TrainState, and jitted experience/update steps."""
+
+  def __init__(
+    self,
+    cfg: TrainConfig,
+    mesh,
+    vocab_size: int,
+    eos_id: int,
+    pad_id: int,
+    rules: ShardingRules = DEFAULT_RULES,
+  ):
+    self.cfg, self.mesh, self.rules = cfg, mesh, rules
+    self.eos_id, self.pad_id = eos_id, pad_id
+    if cfg.model.path:
+      place = lambda axes, shape: NamedSharding(mesh, rules.spec(axes, shape, mesh))
+      policy_model = load_model(
+        cfg.model.path,
+        dtype=jnp.dtype(cfg.model.dtype),
+        param_dtype=jnp.dtype(cfg.model.param_dtype),
+        sharding=place,
+      )
+      self.policy_def, policy = nnx.split(policy_model)
+      self.model_cfg = policy_model.cfg
+    else:
+      self.model_cfg = model_config(cfg, vocab_size, eos_id)
+      self.policy_def, policy = self._init_params(
+        lambda: CausalLM(self.model_cfg, rngs=nnx.Rngs(cfg.run.seed))
+      )
+    self.critic_def, self.critic_init = None, None
+    if cfg.uses_critic:
+      self.critic_def, _ = nnx.split(
+        nnx.eval_shape(lambda: ValueModel(self.model_cfg, rngs=nnx.Rngs(0)))
+      )
+    self.policy = policy
+    self.optimizers = (
+      state_lib.make_optimizer(cfg, cfg.optim.learning_rate),
+      state_lib.make_optimizer(cfg, cfg.algo.critic_lr),
+    )
+    self.state = None
+    statics = dict(policy_def=self.policy_def, critic_def=self.critic_def, cfg=cfg)
+    self._experience = jax.jit(functools.partial(step_lib.make_experience, **statics))
+    self._update = jax.jit(
+      functools.partial(step_lib.update, optimizers=self.optimizers, **statics), donate_argnums=0
+    )
+    self._update_kl = jax.jit(functools.partial(step_lib.update_kl, cfg=cfg), donate_argnums=0)
+
+  def _init_params(self, make_module):
+    """Shape first: abstract module, then shardings, then a jitted init straight onto them."""
+    graphdef, abstract = nnx.split(nnx.eval_shape(make_module))
+    shardings = param_shardings(abstract, self.mesh, self.rules)
+    init = jax.jit(lambda: nnx.split(make_module())[1], out_shardings=shardings)
+    return graphdef, init()
+
+  def critic_from_policy(self, policy):
+    """A value model whose backbone is the (warm-started) policy's, head freshly initialised."""
+    make = lambda: ValueModel.from_policy(
+      nnx.merge(self.policy_def, policy), rngs=nnx.Rngs(self.cfg.run.seed + 1)
+    )
+    _, abstract = nnx.split(nnx.eval_shape(make))
+    shardings = param_shardings(abstract, self.mesh, self.rules)
+    return jax.jit(lambda: nnx.split(make())[1], out_shardings=shardings)()
+
+  def init_state(self):
+    """The TrainState, from the current policy params; its shardings decided shape-first."""
+    critic = self.critic_from_policy(self.policy) if self.cfg.uses_critic else None
+    init = functools.partial(
+      state_lib.init_train_state, self.cfg, optimizers=self.optimizers, seed=self.cfg.run.seed
+    )
+    abstract = jax.eval_shape(init, self.policy, critic)
+    shardings = state_lib.state_shardings(abstract, self.mesh, self.optimizers, self.rules)
+    self.state = jax.jit(init, out_shardings=shardings)(self.policy, critic)
+    return self.state
+
+  def shard_batch(self, tree):
+    return jax.tree.map(
+      lambda x: jax.device_put(np.asarray(x), batch_sharding(self.mesh, np.ndim(x))), tree
+    )
+
+  def generate(
+    self, params, prompt_BxP, mask_BxP, rng, *, num_samples, temperature, max_new_tokens=None
+  ) -> SampleOutput:
+    r = self.cfg.rollout
+    return generate(
+      self.policy_def,
+      prompt_BxP,
+      mask_BxP,
+      rng,
+      params=params,
+      mesh=self.mesh,
+      max_new_tokens=max_new_tokens or r.max_new_tokens,
+      temperature=temperature,
+      top_k=r.top_k if temperature else None,
+      top_p=r.top_p if temperature else None,
+      eos_ids=(self.eos_id,),
+      num_samples=num_samples,
+      pad_id=self.pad_id,
+    )
+
+  def experience(self, batch: step_lib.Batch):
+    return self._experience(self.state, batch)
+
+  def update(self, exp: step_lib.Experience, kl_ref):
+    self.state, metrics = self._update(self.state, exp)
+    self.state = self._update_kl(self.state, kl_ref)
+    return metrics
+
+  @property
+  def num_params(self) -> int:
+    return sum(x.size for x in jax.tree.leaves(self.state.policy if self.state else self.policy))

@@ -1,0 +1,234 @@
+"""The host loop: rollout, rewards, experience, update, metrics; with warm start and evaluation.
+
+summary = train(from_config_dict(get_config()))
+"""
+
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+from tqdm import tqdm
+
+from jaxrl_llm.data import ArithmeticTask, left_pad
+from jaxrl_llm.models import CharTokenizer
+from jaxrl_llm.models.sharding import make_mesh
+from jaxrl_llm.rewards import exact_match, score
+from jaxrl_llm.train import perf
+from jaxrl_llm.train.config import TrainConfig, validate
+from jaxrl_llm.train.learner import Learner
+from jaxrl_llm.train.metrics import MetricsWriter, to_python
+from jaxrl_llm.train.sft import warm_start
+from jaxrl_llm.train.step import Batch
+
+
+class TrainingDiverged(RuntimeError):
+  """Too many consecutive non-finite updates."""
+
+
+class PromptStream:
+  """Cycles through examples in a fresh seeded order each epoch."""
+
+  def __init__(self, examples: list[dict], batch_size: int, seed: int):
+    self.examples, self.batch_size, self.seed = examples, batch_size, seed
+    self.epoch, self.position = 0, 0
+    self._order = self._shuffle()
+
+  def _shuffle(self):
+    return np.random.default_rng([self.seed, self.epoch]).permutation(len(self.examples))
+
+  def next(self) -> list[dict]:
+    out = []
+    while len(out) < self.batch_size:
+      if self.position == len(self.examples):
+        self.epoch, self.position = self.epoch + 1, 0
+        self._order = self._shuffle()
+      out.append(self.examples[self._order[self.position]])
+      self.position += 1
+    return out
+
+
+class Task:
+  """The prompts, tokenizer and reward functions of a configured task."""
+
+  def __init__(self, cfg: TrainConfig):
+    t = cfg.task
+    self.spec = ArithmeticTask(digits=t.digits, ops=t.ops, test_fraction=t.test_fraction)
+    self.tokenizer = CharTokenizer(self.spec.alphabet, with_bos=False)
+    self.prompt_length = t.prompt_length
+    self.reward_fns = {"exact_match": (exact_match, 1.0)}
+
+  def prompts(self, examples):
+    return left_pad(
+      [self.tokenizer.encode(e["prompt"]) for e in examples],
+      self.prompt_length,
+      self.tokenizer.pad_id,
+    )
+
+  def labelled_batch(self, examples, max_new_tokens: int) -> Batch:
+    """Prompts with their answers (and EOS) as completions, for the supervised warm start."""
+    prompt = self.prompts(examples)
+    answers = [self.tokenizer.encode(e["answer"]) + [self.tokenizer.eos_id] for e in examples]
+    tokens = np.full((len(examples), max_new_tokens), self.tokenizer.pad_id, np.int32)
+    mask = np.zeros_like(tokens, bool)
+    for i, ids in enumerate(answers):
+      if len(ids) > max_new_tokens:
+        raise ValueError(
+          f"answer {examples[i]['answer']!r} needs {len(ids)} tokens; raise "
+          "config.rollout.max_new_tokens."
+        )
+      tokens[i, : len(ids)], mask[i, : len(ids)] = ids, True
+    return Batch(
+      prompt.tokens_BxP, prompt.mask_BxP, tokens, mask, np.zeros(len(examples), np.float32)
+    )
+
+  def decode(self, tokens_BxN, mask_BxN) -> list[str]:
+    return [self.tokenizer.decode(t[m]) for t, m in zip(tokens_BxN, mask_BxN, strict=True)]
+
+
+def evaluate(learner: Learner, task: Task, examples: list[dict], batch_size: int) -> float:
+  """Greedy accuracy (exact match) on `examples`."""
+  correct = []
+  for start in range(0, len(examples), batch_size):
+    chunk = examples[start : start + batch_size]
+    padded = chunk + [chunk[-1]] * (batch_size - len(chunk))  # one compiled shape
+    prompt = task.prompts(padded)
+    out = learner.generate(
+      learner.state.policy if learner.state else learner.policy,
+      *learner.shard_batch((prompt.tokens_BxP, prompt.mask_BxP)),
+      jax.random.key(0),
+      num_samples=1,
+      temperature=0.0,
+    )
+    tokens, mask = jax.device_get((out.tokens_BxN, out.mask_BxN))
+    completions = task.decode(tokens, mask)[: len(chunk)]
+    correct.extend(exact_match(completions, chunk))
+  return float(np.mean(correct))
+
+
+def _warm_start(learner, task, cfg, bar_enabled):
+  w = cfg.warmstart
+  labelled = task.spec.examples("train", w.examples, seed=cfg.run.seed + 2)
+  stream = PromptStream(labelled, w.batch_size, seed=cfg.run.seed + 3)
+  batches = (task.labelled_batch(stream.next(), cfg.rollout.max_new_tokens) for _ in iter(int, 1))
+  with tqdm(total=w.steps, desc="warm start", disable=not bar_enabled) as bar:
+    losses = warm_start(
+      learner, batches, steps=w.steps, learning_rate=w.learning_rate, progress=bar
+    )
+  return losses
+
+
+def _rollout(learner, task, examples, cfg, rng):
+  """Samples G completions per prompt; returns the prompts repeated per sample, and the samples."""
+  prompt = task.prompts(examples)
+  out = learner.generate(
+    learner.state.policy,
+    *learner.shard_batch((prompt.tokens_BxP, prompt.mask_BxP)),
+    rng,
+    num_samples=cfg.rollout.group_size,
+    temperature=cfg.rollout.temperature,
+  )
+  G = cfg.rollout.group_size
+  return learner.shard_batch(
+    (np.repeat(prompt.tokens_BxP, G, 0), np.repeat(prompt.mask_BxP, G, 0))
+  ), out
+
+
+def _score(task, examples, out, cfg):
+  tokens, mask, truncated = jax.device_get((out.tokens_BxN, out.mask_BxN, out.truncated_B))
+  grouped = [e for e in examples for _ in range(cfg.rollout.group_size)]  # group-major rows
+  completions = task.decode(tokens, mask)
+  total, parts = score(task.reward_fns, completions, grouped)
+  lengths = mask.sum(-1)
+  stats = {
+    "reward_mean": float(total.mean()),
+    "reward_std": float(total.std()),
+    "accuracy": float(parts["exact_match"].mean()),
+    "response_length_mean": float(lengths.mean()),
+    "response_length_max": float(lengths.max()),
+    "truncation_rate": float(truncated.mean()),
+  }
+  stats |= {f"reward/{k}": float(v.mean()) for k, v in parts.items()}
+  return total, stats
+
+
+def _reduce(update_metrics: dict) -> dict:
+  out = {}
+  for k, v in update_metrics.items():
+    v = np.asarray(v)
+    out[k] = float(v.min() if k.endswith("_min") else v.max() if k.endswith("_max") else v.mean())
+  return out
+
+
+def train(cfg: TrainConfig, devices=None, task: Task | None = None) -> dict:
+  """Runs the configured job; returns a summary with the held-out accuracies.
+
+  `devices` restricts the mesh (default: all); `task` replaces the configured one
+  (its prompts, tokenizer and reward functions).
+  """
+  mesh = make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor, devices)
+  validate(cfg, num_devices=mesh.size)
+  is_main = jax.process_index() == 0
+  show = cfg.run.progress and is_main
+  task = Task(cfg) if task is None else task
+  tok = task.tokenizer
+  learner = Learner(cfg, mesh, tok.vocab_size, tok.eos_id, tok.pad_id)
+  writer = MetricsWriter(cfg.run.workdir, cfg.run.tensorboard)
+  test = task.spec.examples("test", cfg.run.eval_examples, seed=cfg.run.seed + 1)
+  summary = {"workdir": str(Path(cfg.run.workdir).resolve())}
+  if cfg.warmstart.steps:
+    losses = _warm_start(learner, task, cfg, show)
+    summary["warmstart_loss"] = float(losses[-10:].mean())
+  learner.init_state()
+  summary["heldout_accuracy_before"] = evaluate(learner, task, test, cfg.run.eval_batch_size)
+  stream = PromptStream(
+    task.spec.examples("train", cfg.task.train_examples, cfg.run.seed),
+    cfg.rollout.prompts_per_step,
+    cfg.run.seed,
+  )
+  key = jax.random.key(cfg.run.seed)
+  flops_per_step = perf.iteration_flops(learner, cfg)
+  peak = perf.peak_flops(cfg, mesh)
+  lr_fn = perf.learning_rate_fn(cfg)
+  examples = stream.next()
+  prompt, out = _rollout(learner, task, examples, cfg, jax.random.fold_in(key, 0))
+  bar = tqdm(
+    range(cfg.run.steps), desc=f"{cfg.algo.estimator}/{cfg.algo.policy_loss}", disable=not show
+  )
+  for step in bar:
+    start = time.perf_counter()
+    scores, stats = _score(task, examples, out, cfg)
+    batch = Batch(*prompt, out.tokens_BxN, out.mask_BxN, learner.shard_batch(scores))
+    exp, exp_metrics = learner.experience(batch)
+    update_metrics = learner.update(exp, exp_metrics["kl_ref"])
+    if step + 1 < cfg.run.steps:  # dispatch the next rollout before reading this step's metrics
+      examples = stream.next()
+      prompt, out = _rollout(learner, task, examples, cfg, jax.random.fold_in(key, step + 1))
+    opt = learner.state.policy_opt
+    update_metrics, exp_metrics, notfinite, skipped = jax.device_get(
+      (update_metrics, exp_metrics, opt.notfinite_count, opt.total_notfinite)
+    )
+    elapsed = time.perf_counter() - start
+    metrics = stats | _reduce(update_metrics) | to_python(exp_metrics)
+    metrics |= {
+      "learning_rate": lr_fn(step),
+      "step_time_s": elapsed,
+      "tokens_per_s": perf.tokens_per_step(cfg) / elapsed,
+      "mfu": flops_per_step / elapsed / peak,
+      "skipped_updates": int(skipped),
+    }
+    writer.write(step + 1, metrics)
+    bar.set_postfix(reward=f"{metrics['reward_mean']:.3f}", acc=f"{metrics['accuracy']:.2f}")
+    if notfinite >= cfg.optim.max_consecutive_skips:
+      writer.close()
+      raise TrainingDiverged(
+        f"step {step + 1}: {int(notfinite)} consecutive updates had a NaN or Inf loss or "
+        f"gradient and were skipped (config.optim.max_consecutive_skips="
+        f"{cfg.optim.max_consecutive_skips}). Lower config.optim.learning_rate, check the "
+        f"reward functions, or raise the limit. Metrics so far: {writer.path}"
+      )
+  writer.close()
+  summary["heldout_accuracy_after"] = evaluate(learner, task, test, cfg.run.eval_batch_size)
+  summary["metrics"] = str(writer.path)
+  summary["learner"] = learner
+  return summary

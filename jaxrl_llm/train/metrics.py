@@ -1,0 +1,47 @@
+"""Metrics to JSONL and TensorBoard, written by process 0 only."""
+
+import json
+import math
+from pathlib import Path
+
+import jax
+import numpy as np
+
+
+def to_python(metrics: dict) -> dict:
+  """Device scalars to floats (NaN stays NaN; JSON writes it as NaN)."""
+  return {k: float(np.asarray(v)) for k, v in metrics.items()}
+
+
+class MetricsWriter:
+  """Appends one JSON object per step to `<workdir>/metrics.jsonl`, and mirrors scalars to
+  TensorBoard under `<workdir>/tb` when enabled."""
+
+  def __init__(self, workdir, tensorboard: bool = True):
+    self.workdir = Path(workdir)
+    self.enabled = jax.process_index() == 0
+    self.path = self.workdir / "metrics.jsonl"
+    self._tb = None
+    if self.enabled:
+      self.workdir.mkdir(parents=True, exist_ok=True)
+      if tensorboard:
+        from tensorboardX import SummaryWriter
+
+        self._tb = SummaryWriter(str(self.workdir / "tb"))
+
+  def write(self, step: int, metrics: dict) -> None:
+    if not self.enabled:
+      return
+    row = {"step": step} | {
+      k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in metrics.items()
+    }
+    with self.path.open("a") as f:
+      f.write(json.dumps(row) + "\n")
+    if self._tb is not None:
+      for k, v in metrics.items():
+        if isinstance(v, int | float):
+          self._tb.add_scalar(k, v, step)
+
+  def close(self) -> None:
+    if self._tb is not None:
+      self._tb.close()

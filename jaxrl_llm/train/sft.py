@@ -1,0 +1,45 @@
+"""Supervised warm start: next-token cross-entropy on labelled answers, in the RL layout."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from jaxrl_llm import core
+from jaxrl_llm.train.step import Batch, sequence_forward
+
+
+def sft_loss(params, batch: Batch, *, policy_def):
+  """Mean negative log-likelihood of the answer tokens (the EOS included)."""
+  logp_BxN = sequence_forward(policy_def, params, batch, 1.0)
+  return -core.masked_mean(logp_BxN, batch.mask_BxN)
+
+
+@functools.partial(jax.jit, static_argnames=("policy_def", "optimizer"), donate_argnums=(0, 1))
+def sft_step(params, opt_state, batch: Batch, *, policy_def, optimizer):
+  loss, grads = jax.value_and_grad(sft_loss)(params, batch, policy_def=policy_def)
+  updates, opt_state = optimizer.update(grads, opt_state, params)
+  return optax.apply_updates(params, updates), opt_state, loss
+
+
+def warm_start(learner, batches, *, steps: int, learning_rate: float, progress=None):
+  """`steps` Adam steps over `batches` (an iterator of labelled `Batch`es); returns the losses."""
+  optimizer = optax.adam(learning_rate)
+  params = jax.tree.map(jnp.copy, learner.policy)
+  opt_state = optimizer.init(params)
+  losses = []
+  for _ in range(steps):
+    params, opt_state, loss = sft_step(
+      params,
+      opt_state,
+      learner.shard_batch(next(batches)),
+      policy_def=learner.policy_def,
+      optimizer=optimizer,
+    )
+    losses.append(loss)
+    if progress is not None:
+      progress.update(1)
+  learner.policy = params
+  return np.asarray(jax.device_get(losses))

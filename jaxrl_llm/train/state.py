@@ -1,0 +1,126 @@
+"""The train state pytree, its optimizers, and its sharded, shape-first construction."""
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from jaxrl_llm import core
+from jaxrl_llm.models.sharding import DEFAULT_RULES, param_shardings
+from jaxrl_llm.train.config import TrainConfig
+
+NO_LIMIT = 2**31 - 1  # apply_if_finite never gives up by itself; the host loop decides
+
+
+class TrainState(NamedTuple):
+  """Everything that changes during training, as one pytree (orbax saves it as it is).
+
+  `rng` is raw key data (uint32), so it checkpoints like any array. The critic
+  fields are None without a critic, `ref` is None without a KL term.
+  """
+
+  step: jax.Array
+  rng: jax.Array
+  policy: nnx.State
+  policy_opt: optax.OptState
+  ref: nnx.State | None
+  critic: nnx.State | None
+  critic_opt: optax.OptState | None
+  kl: core.KLControllerState
+
+
+def learning_rate_schedule(cfg: TrainConfig, peak: float) -> optax.Schedule:
+  """Linear warmup to `peak`, then constant or cosine decay to 0 at the last step."""
+  warmup = cfg.optim.warmup_steps
+  if cfg.optim.schedule == "cosine":
+    return optax.warmup_cosine_decay_schedule(
+      0.0, peak, max(warmup, 1), max(cfg.run.steps * _updates_per_step(cfg), warmup + 1)
+    )
+  if warmup == 0:
+    return optax.constant_schedule(peak)
+  return optax.join_schedules(
+    [optax.linear_schedule(0.0, peak, warmup), optax.constant_schedule(peak)], [warmup]
+  )
+
+
+def _updates_per_step(cfg: TrainConfig) -> int:
+  return cfg.algo.ppo_epochs * cfg.algo.num_minibatches
+
+
+def make_optimizer(cfg: TrainConfig, peak_lr: float) -> optax.GradientTransformation:
+  """Global-norm clipping then AdamW; a non-finite gradient skips the update (and is counted
+  in the state's `notfinite_count`)."""
+  o = cfg.optim
+  inner = optax.chain(
+    optax.clip_by_global_norm(o.grad_clip),
+    optax.adamw(
+      learning_rate_schedule(cfg, peak_lr), b1=o.b1, b2=o.b2, weight_decay=o.weight_decay
+    ),
+  )
+  return optax.apply_if_finite(inner, max_consecutive_errors=NO_LIMIT)
+
+
+def kl_controller(cfg: TrainConfig) -> core.KLController:
+  a = cfg.algo
+  return core.kl_controller(a.kl_mode, a.kl_coef, target=a.kl_target, horizon=a.kl_horizon)
+
+
+def state_shardings(abstract: TrainState, mesh, optimizers, rules=DEFAULT_RULES) -> TrainState:
+  """NamedShardings for every leaf: params by their logical axes, optimizer moments like
+  their params, scalars and keys replicated."""
+  replicated = NamedSharding(mesh, P())
+
+  def params(state):
+    return None if state is None else param_shardings(state, mesh, rules)
+
+  def opt(opt_state, param_state, optimizer):
+    if opt_state is None:
+      return None
+    shardings = params(param_state)
+    return optax.tree_map_params(
+      optimizer,
+      lambda _, s: s,
+      opt_state,
+      shardings,
+      transform_non_params=lambda _: replicated,
+      is_leaf=lambda x: isinstance(x, nnx.Variable),
+    )
+
+  return TrainState(
+    step=replicated,
+    rng=replicated,
+    policy=params(abstract.policy),
+    policy_opt=opt(abstract.policy_opt, abstract.policy, optimizers[0]),
+    ref=params(abstract.ref),
+    critic=params(abstract.critic),
+    critic_opt=opt(abstract.critic_opt, abstract.critic, optimizers[1]),
+    kl=jax.tree.map(lambda _: replicated, abstract.kl),
+  )
+
+
+def init_train_state(
+  cfg: TrainConfig, policy: nnx.State, critic: nnx.State | None, optimizers, seed: int
+) -> TrainState:
+  """Builds the state from (possibly already placed) params; the reference is a copy."""
+  policy_opt = optimizers[0].init(policy)
+  ref = (
+    jax.tree.map(jnp.copy, policy)
+    if cfg.algo.kl_coef > 0
+    or (cfg.algo.kl_placement == "reward" and cfg.algo.kl_mode == "adaptive")
+    else None
+  )
+  critic_opt = None if critic is None else optimizers[1].init(critic)
+  return TrainState(
+    step=jnp.zeros((), jnp.int32),
+    rng=jax.random.key_data(jax.random.key(seed)),
+    policy=policy,
+    policy_opt=policy_opt,
+    ref=ref,
+    critic=critic,
+    critic_opt=critic_opt,
+    kl=kl_controller(cfg).init(),
+  )

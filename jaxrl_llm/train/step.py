@@ -1,0 +1,258 @@
+"""The jitted device side of one iteration: experience (old/ref log-probs, values,
+advantages), then `ppo_epochs x num_minibatches` optimizer steps with gradient
+accumulation over `micro_batches`.
+
+All functions are pure; `Learner` binds the static pieces (graph definitions,
+config, optimizers) and jits them once.
+"""
+
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from jaxrl_llm import core
+from jaxrl_llm.train.config import TrainConfig
+from jaxrl_llm.train.state import TrainState, kl_controller
+
+
+class Batch(NamedTuple):
+  """One rollout as the host hands it over: prompts, completions and their scores."""
+
+  prompt_BxP: jax.Array
+  prompt_mask_BxP: jax.Array
+  tokens_BxN: jax.Array
+  mask_BxN: jax.Array
+  scores_B: jax.Array
+
+
+class Experience(NamedTuple):
+  """A rollout with everything the losses need, computed before any update."""
+
+  batch: Batch
+  old_logp_BxN: jax.Array
+  ref_logp_BxN: jax.Array
+  old_values_BxN: jax.Array
+  advantages_BxN: jax.Array
+  returns_BxN: jax.Array
+
+
+def sequence_forward(graphdef, params, batch: Batch, temperature, with_entropy=False):
+  """Teacher-forced log-probs (and entropies) of the completion tokens, float32 `[B, N]`.
+
+  The only function that scores completions: the old log-probs and the
+  differentiated ones both come from here, so the first update's ratio is 1.
+  """
+  P = batch.prompt_BxP.shape[1]
+  seq_BxL = jnp.concatenate([batch.prompt_BxP, batch.tokens_BxN], axis=1)
+  seq_mask_BxL = jnp.concatenate([batch.prompt_mask_BxP, batch.mask_BxN], axis=1)
+  model = nnx.merge(graphdef, params)
+  hidden_BxLxD, _ = model.decoder(seq_BxL, mask_BxL=seq_mask_BxL)
+  logits_BxNxV = model.unembed(hidden_BxLxD[:, P - 1 : -1])
+  logp_BxN = core.token_logprobs(logits_BxNxV, batch.tokens_BxN, temperature)
+  if not with_entropy:
+    return logp_BxN
+  return logp_BxN, core.entropy(logits_BxNxV, temperature)
+
+
+def sequence_values(graphdef, params, batch: Batch):
+  """The critic's V(s_t) for each completion token t (the state before emitting it)."""
+  P = batch.prompt_BxP.shape[1]
+  seq_BxL = jnp.concatenate([batch.prompt_BxP, batch.tokens_BxN], axis=1)
+  seq_mask_BxL = jnp.concatenate([batch.prompt_mask_BxP, batch.mask_BxN], axis=1)
+  return nnx.merge(graphdef, params)(seq_BxL, mask_BxL=seq_mask_BxL)[:, P - 1 : -1]
+
+
+def _in_micro_batches(fn, batch: Batch, rows: int):
+  """fn over `batch` split into consecutive micro-batches of `rows` (the update's shapes)."""
+  split = jax.tree.map(lambda x: x.reshape(-1, rows, *x.shape[1:]), batch)
+  out = jax.lax.map(fn, split)
+  return out.reshape(-1, *out.shape[2:])
+
+
+def _micro_rows(cfg: TrainConfig) -> int:
+  return cfg.batch_size // cfg.algo.num_minibatches // cfg.algo.micro_batches
+
+
+def make_experience(
+  state: TrainState, batch: Batch, *, policy_def, critic_def, cfg: TrainConfig
+) -> tuple[Experience, dict]:
+  """Old and reference log-probs, values, token rewards and advantages."""
+  a, rows = cfg.algo, _micro_rows(cfg)
+  temperature = cfg.rollout.temperature
+  mask_BxN = batch.mask_BxN
+
+  def logp(params):
+    return _in_micro_batches(
+      lambda b: sequence_forward(policy_def, params, b, temperature), batch, rows
+    )
+
+  old_logp = logp(state.policy)
+  ref_logp = jnp.zeros_like(old_logp) if state.ref is None else logp(state.ref)
+  zeros = jnp.zeros_like(old_logp)
+  values = (
+    zeros
+    if state.critic is None
+    else _in_micro_batches(lambda b: sequence_values(critic_def, state.critic, b), batch, rows)
+  )
+  kl_BxN = jnp.where(mask_BxN, core.kl_penalty(old_logp, ref_logp, a.kl_estimator), 0.0)
+  rewards_BxN = core.scores_to_token_rewards(batch.scores_B, mask_BxN)
+  if a.kl_placement == "reward" and state.ref is not None:
+    rewards_BxN = rewards_BxN - state.kl.coef * kl_BxN
+  returns = zeros
+  if a.estimator == "gae":
+    adv, returns = core.gae(rewards_BxN, values, mask_BxN, gamma=a.gamma, lam=a.lam)
+    adv = core.masked_whiten(adv, mask_BxN)
+  elif a.estimator == "reinforce_plus_plus":
+    adv = core.reinforce_plus_plus(rewards_BxN, mask_BxN, gamma=a.gamma)
+  else:
+    adv_B = core.group_advantages(
+      batch.scores_B,
+      group_size=cfg.rollout.group_size,
+      estimator=a.estimator,
+      eps=a.adv_eps,
+      lengths=mask_BxN.sum(-1),
+    )
+    adv = jnp.where(mask_BxN, adv_B[:, None], 0.0)
+  exp = Experience(batch, old_logp, ref_logp, values, adv, returns)
+  seq_kl = jnp.sum(kl_BxN, -1).mean()
+  return exp, {
+    "kl_ref": seq_kl,
+    "kl_coef": state.kl.coef,
+    "advantage_abs_mean": core.masked_mean(jnp.abs(adv), mask_BxN),
+  }
+
+
+def policy_objective(
+  params, exp: Experience, denominator, kl_coef, *, policy_def, cfg: TrainConfig
+):
+  """The scalar the policy minimises on one micro-batch (its share of the minibatch loss)."""
+  a, mask = cfg.algo, exp.batch.mask_BxN
+  logp, ent = sequence_forward(
+    policy_def, params, exp.batch, cfg.rollout.temperature, with_entropy=True
+  )
+  agg = functools.partial(
+    core.aggregate,
+    mask_BxT=mask,
+    mode=a.aggregation,
+    max_len=cfg.rollout.max_new_tokens,
+    global_denominator=denominator,
+  )
+  pg_BxN, metrics = core.POLICY_LOSSES[a.policy_loss](
+    logp, exp.old_logp_BxN, exp.advantages_BxN, mask, **cfg.policy_loss_kwargs()
+  )
+  pg_loss = agg(pg_BxN)
+  loss = pg_loss
+  if a.kl_placement == "loss" and a.kl_coef > 0:
+    loss = loss + kl_coef * agg(core.kl_penalty(logp, exp.ref_logp_BxN, a.kl_estimator))
+  if a.entropy_coef:
+    loss = loss - a.entropy_coef * agg(ent)
+  metrics = metrics | {"pg_loss": pg_loss, "entropy": core.masked_mean(ent, mask)}
+  return loss, metrics
+
+
+def critic_objective(params, exp: Experience, denominator, *, critic_def, cfg: TrainConfig):
+  values = sequence_values(critic_def, params, exp.batch)
+  loss_BxN, metrics = core.clipped_value_loss(
+    values,
+    exp.old_values_BxN,
+    exp.returns_BxN,
+    exp.batch.mask_BxN,
+    cliprange_value=cfg.algo.cliprange_value,
+  )
+  loss = core.aggregate(
+    loss_BxN,
+    exp.batch.mask_BxN,
+    cfg.algo.aggregation,
+    max_len=cfg.rollout.max_new_tokens,
+    global_denominator=denominator,
+  )
+  return loss, metrics | {"value_loss": loss}
+
+
+def _accumulate(objective, params, micro_exps, denominator, *extra):
+  """Sum of value-and-grads over micro-batches (each already divided by the global
+  denominator), and the mean of their metrics."""
+
+  def one(carry, exp):
+    (loss, metrics), grads = jax.value_and_grad(objective, has_aux=True)(
+      params, exp, denominator, *extra
+    )
+    total_loss, total_grads = carry
+    return (total_loss + loss, jax.tree.map(jnp.add, total_grads, grads)), metrics
+
+  zero = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, params))
+  (loss, grads), metrics = jax.lax.scan(one, zero, micro_exps)
+  return loss, grads, _reduce_metrics(metrics)
+
+
+def _reduce_metrics(stacked: dict) -> dict:
+  def reduce(key, x):
+    if key.endswith("_min"):
+      return x.min(0)
+    if key.endswith("_max"):
+      return x.max(0)
+    return x.mean(0)
+
+  return {k: reduce(k, v) for k, v in stacked.items()}
+
+
+def _apply(optimizer, grads, opt_state, params, enabled):
+  """One optimizer step, or none when `enabled` is False (critic warm-up)."""
+  updates, new_opt_state = optimizer.update(grads, opt_state, params)
+  new_params = optax.apply_updates(params, updates)
+  keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(enabled, n, o), new, old)
+  return keep(new_params, params), keep(new_opt_state, opt_state)
+
+
+def update(
+  state: TrainState, exp: Experience, *, policy_def, critic_def, cfg: TrainConfig, optimizers
+) -> tuple[TrainState, dict]:
+  """`ppo_epochs x num_minibatches` optimizer steps on shuffled minibatches; returns the new
+  state and per-minibatch metrics stacked on a leading axis."""
+  a = cfg.algo
+  B = cfg.batch_size
+  key = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
+  perms = [jax.random.permutation(k, B) for k in jax.random.split(key, a.ppo_epochs)]
+  rows_MxUxR = jnp.concatenate(perms).reshape(a.ppo_epochs * a.num_minibatches, a.micro_batches, -1)
+  policy_on = state.step >= a.critic_warmup_steps
+
+  def minibatch(carry, rows_UxR):
+    policy, policy_opt, critic, critic_opt = carry
+    micro = jax.tree.map(lambda x: x[rows_UxR], exp)
+    mask_RxN = micro.batch.mask_BxN.reshape(-1, micro.batch.mask_BxN.shape[-1])
+    denominator = core.aggregate_denominator(mask_RxN, a.aggregation)
+    loss, grads, metrics = _accumulate(
+      functools.partial(policy_objective, policy_def=policy_def, cfg=cfg),
+      policy,
+      micro,
+      denominator,
+      state.kl.coef,
+    )
+    metrics = metrics | {"loss": loss, "grad_norm": optax.tree.norm(grads)}
+    policy, policy_opt = _apply(optimizers[0], grads, policy_opt, policy, policy_on)
+    if critic is not None:
+      _, c_grads, c_metrics = _accumulate(
+        functools.partial(critic_objective, critic_def=critic_def, cfg=cfg),
+        critic,
+        micro,
+        denominator,
+      )
+      critic, critic_opt = _apply(optimizers[1], c_grads, critic_opt, critic, True)
+      metrics = metrics | c_metrics | {"critic_grad_norm": optax.tree.norm(c_grads)}
+    return (policy, policy_opt, critic, critic_opt), metrics
+
+  carry = (state.policy, state.policy_opt, state.critic, state.critic_opt)
+  (policy, policy_opt, critic, critic_opt), metrics = jax.lax.scan(minibatch, carry, rows_MxUxR)
+  new = state._replace(
+    step=state.step + 1, policy=policy, policy_opt=policy_opt, critic=critic, critic_opt=critic_opt
+  )
+  return new, metrics
+
+
+def update_kl(state: TrainState, kl_ref, *, cfg: TrainConfig) -> TrainState:
+  """Steps the KL coefficient controller with the rollout's mean per-sequence KL."""
+  return state._replace(kl=kl_controller(cfg).update(state.kl, kl_ref, cfg.batch_size))

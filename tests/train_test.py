@@ -1,0 +1,274 @@
+"""The trainer end to end: sharding equivalence, exact first ratio, accumulation invariance,
+learning, and configuration errors."""
+
+import functools
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import experiments.default
+from jaxrl_llm import core
+from jaxrl_llm.models.sharding import make_mesh
+from jaxrl_llm.train import ConfigError, TrainingDiverged, from_config_dict, train
+from jaxrl_llm.train import loop as loop_lib
+from jaxrl_llm.train import step as step_lib
+from jaxrl_llm.train.learner import Learner
+
+
+def small_config(tmp_path, **overrides):
+  c = experiments.default.get_config()
+  c.model.update(hidden_size=32, intermediate_size=64, num_layers=1)
+  c.task.update(train_examples=256)
+  c.rollout.update(prompts_per_step=8, group_size=4)
+  c.warmstart.update(steps=0)
+  c.run.update(
+    steps=1,
+    eval_examples=16,
+    eval_batch_size=16,
+    progress=False,
+    tensorboard=False,
+    workdir=str(tmp_path / "run"),
+  )
+  for key, value in overrides.items():
+    section, name = key.split(".")
+    c[section][name] = value
+  return from_config_dict(c)
+
+
+class OnesTask(loop_lib.Task):
+  """Trivially learnable: the reward is the fraction of completion characters that are '1'."""
+
+  def __init__(self, cfg):
+    super().__init__(cfg)
+    n = cfg.rollout.max_new_tokens
+
+    def ones(completions, examples):
+      return [c.count("1") / n for c in completions]
+
+    self.reward_fns = {"exact_match": (ones, 1.0)}
+
+
+def _rewards(summary):
+  return [json.loads(line)["reward_mean"] for line in open(summary["metrics"])]
+
+
+def test_8_device_iteration_equals_1_device(tmp_path):
+  cfg = small_config(tmp_path, **{"mesh.data": 4, "mesh.fsdp": 2, "algo.num_minibatches": 2})
+  multi = train(cfg)["learner"]
+  single_cfg = small_config(tmp_path, **{"algo.num_minibatches": 2})
+  single = train(single_cfg, devices=jax.devices()[:1])["learner"]
+  assert multi.mesh.shape == {"data": 4, "fsdp": 2, "tensor": 1}
+  jax.tree.map(
+    functools.partial(np.testing.assert_allclose, atol=1e-5, rtol=1e-5),
+    jax.device_get(multi.state.policy),
+    jax.device_get(single.state.policy),
+  )
+
+
+def _one_batch(learner, cfg, seed=0):
+  task = OnesTask(cfg)  # rewards that vary within groups, so advantages are not all zero
+  examples = task.spec.examples("train", cfg.rollout.prompts_per_step, seed)
+  prompt, out = loop_lib._rollout(learner, task, examples, cfg, jax.random.key(seed))
+  scores, _ = loop_lib._score(task, examples, out, cfg)
+  return step_lib.Batch(*prompt, out.tokens_BxN, out.mask_BxN, learner.shard_batch(scores))
+
+
+def _learner(cfg):
+  task = loop_lib.Task(cfg)
+  tok = task.tokenizer
+  learner = Learner(
+    cfg, make_mesh(devices=jax.devices()[:1]), tok.vocab_size, tok.eos_id, tok.pad_id
+  )
+  learner.init_state()
+  return learner
+
+
+@pytest.mark.parametrize("loss", ["ppo_clip", "gspo", "cispo"])
+def test_first_minibatch_ratio_is_exactly_one(tmp_path, loss):
+  cfg = small_config(
+    tmp_path,
+    **{
+      "algo.num_minibatches": 2,
+      "algo.ppo_epochs": 2,
+      "algo.policy_loss": loss,
+      "optim.learning_rate": 1e-2,
+    },
+  )
+  learner = _learner(cfg)
+  batch = _one_batch(learner, cfg)
+  exp, exp_metrics = learner.experience(batch)
+  metrics = jax.device_get(learner.update(exp, exp_metrics["kl_ref"]))
+  assert metrics["ratio_min"][0] == 1.0 and metrics["ratio_max"][0] == 1.0
+  assert metrics["clipfrac_low"][0] == 0.0 and metrics["clipfrac_high"][0] == 0.0
+  assert metrics["approx_kl"][0] == 0.0
+  assert metrics["ratio_max"][-1] != 1.0  # later minibatches see the updated policy
+
+
+@pytest.mark.parametrize("mode", sorted(core.AGGREGATION_MODES))
+def test_accumulation_does_not_change_loss_or_gradient(tmp_path, mode):
+  cfg = small_config(
+    tmp_path, **{"algo.aggregation": mode, "algo.kl_coef": 0.1, "algo.entropy_coef": 0.01}
+  )
+  learner = _learner(cfg)
+  exp, _ = learner.experience(_one_batch(learner, cfg))
+  objective = functools.partial(step_lib.policy_objective, policy_def=learner.policy_def, cfg=cfg)
+  denominator = core.aggregate_denominator(exp.batch.mask_BxN, mode)
+  results = []
+  for micro in (1, 2, 4, 8):
+    split = jax.tree.map(lambda x, m=micro: x.reshape(m, -1, *x.shape[1:]), exp)
+    loss, grads, _ = step_lib._accumulate(
+      objective, learner.state.policy, split, denominator, learner.state.kl.coef
+    )
+    results.append((loss, grads))
+  for loss, grads in results[1:]:
+    np.testing.assert_allclose(loss, results[0][0], rtol=1e-6, atol=1e-7)
+    jax.tree.map(
+      functools.partial(np.testing.assert_allclose, rtol=1e-5, atol=1e-7), grads, results[0][1]
+    )
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "gae"])
+def test_short_run_raises_reward(tmp_path, estimator):
+  cfg = small_config(
+    tmp_path,
+    **{
+      "run.steps": 20,
+      "algo.estimator": estimator,
+      "optim.learning_rate": 1e-2,
+      "algo.critic_lr": 1e-2,
+    },
+  )
+  summary = train(cfg, devices=jax.devices()[:1], task=OnesTask(cfg))
+  rewards = _rewards(summary)
+  assert len(rewards) == 20
+  assert np.mean(rewards[-5:]) > np.mean(rewards[:5]) + 0.1, rewards
+
+
+def test_metrics_row_has_the_documented_keys(tmp_path):
+  cfg = small_config(
+    tmp_path, **{"algo.estimator": "gae", "algo.kl_coef": 0.05, "algo.kl_placement": "reward"}
+  )
+  summary = train(cfg, devices=jax.devices()[:1])
+  row = json.loads(open(summary["metrics"]).readline())
+  for key in (
+    "reward_mean",
+    "reward_std",
+    "accuracy",
+    "reward/exact_match",
+    "kl_ref",
+    "entropy",
+    "clipfrac_low",
+    "clipfrac_high",
+    "approx_kl",
+    "ratio_mean",
+    "ratio_min",
+    "ratio_max",
+    "response_length_mean",
+    "response_length_max",
+    "truncation_rate",
+    "grad_norm",
+    "learning_rate",
+    "step_time_s",
+    "tokens_per_s",
+    "mfu",
+    "value_loss",
+    "vf_clipfrac",
+    "skipped_updates",
+  ):
+    assert key in row, key
+  assert 0 < row["mfu"] < 1
+
+
+def test_nan_updates_are_skipped_then_stop(tmp_path):
+  core.GROUP_ESTIMATORS["nan_test"] = lambda s, **_: s * jnp.nan
+  try:
+    cfg = small_config(
+      tmp_path,
+      **{
+        "run.steps": 10,
+        "algo.estimator": "nan_test",
+        "optim.max_consecutive_skips": 3,
+        "algo.num_minibatches": 1,
+      },
+    )
+    with pytest.raises(TrainingDiverged, match="3 consecutive updates had a NaN"):
+      train(cfg, devices=jax.devices()[:1])
+    rows = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
+    assert [r["skipped_updates"] for r in rows] == [1, 2, 3]
+  finally:
+    del core.GROUP_ESTIMATORS["nan_test"]
+
+
+@pytest.mark.parametrize(
+  "overrides,message",
+  [
+    ({"rollout.group_size": 1}, r"group_size=1 with config.algo.estimator='grpo'"),
+    ({"algo.estimator": "gpro"}, r"config.algo.estimator='gpro' is unknown.*grpo"),
+    ({"algo.policy_loss": "ppo"}, r"config.algo.policy_loss='ppo' is unknown.*ppo_clip"),
+    ({"algo.aggregation": "mean"}, r"config.algo.aggregation='mean' is unknown"),
+    ({"algo.num_minibatches": 3}, r"num_minibatches=3 must divide the batch of 32"),
+    (
+      {"algo.kl_placement": "reward", "algo.kl_coef": 0.1},
+      r"kl_placement='reward'.*estimator='grpo' use kl_placement='loss'",
+    ),
+    ({"algo.kl_mode": "adaptive"}, r"needs config.algo.kl_target"),
+    ({"rollout.temperature": 0.0}, r"temperature must be > 0"),
+    ({"task.name": "gsm9k"}, r"config.task.name='gsm9k' is unknown"),
+  ],
+)
+def test_bad_configs_name_the_key(tmp_path, overrides, message):
+  with pytest.raises(ConfigError, match=message):
+    small_config(tmp_path, **overrides)
+
+
+def test_unknown_key_suggests_the_right_one(tmp_path):
+  c = experiments.default.get_config()
+  c.algo.clip_hgh = 0.28
+  with pytest.raises(
+    ConfigError,
+    match=r"config.algo.clip_hgh is not a setting. Did you mean "
+    r"config.algo.clip_high\?",
+  ):
+    from_config_dict(c)
+
+
+def test_batch_not_divisible_by_devices(tmp_path):
+  cfg = small_config(tmp_path, **{"rollout.prompts_per_step": 3, "rollout.group_size": 2})
+  with pytest.raises(
+    ConfigError,
+    match=r"batch of 6 sequences does not split over mesh data x "
+    r"fsdp = 8 devices",
+  ):
+    train(cfg)
+
+
+def test_cli_runs(tmp_path):
+  import subprocess
+  import sys
+
+  out = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "jaxrl_llm.train",
+      "--config",
+      "experiments/default.py",
+      "--config.run.steps=2",
+      "--config.warmstart.steps=2",
+      "--config.run.eval_examples=16",
+      "--config.run.eval_batch_size=16",
+      f"--config.run.workdir={tmp_path / 'cli'}",
+      "--config.run.progress=False",
+      "--config.model.num_layers=1",
+    ],
+    capture_output=True,
+    text=True,
+    timeout=300,
+    check=True,
+  )
+  last = out.stdout.strip().splitlines()[-1]
+  assert last.startswith("heldout_accuracy before=") and " after=" in last
+  assert (tmp_path / "cli" / "metrics.jsonl").exists()

@@ -146,6 +146,24 @@ class TrainConfig:
     return self.rollout.prompts_per_step * self.rollout.group_size
 
   @property
+  def single_update(self) -> bool:
+    """One optimizer step per rollout, no KL in the reward: the policy that sampled is the one
+    being differentiated, so old log-probs are the differentiated ones, stopped (no extra
+    forward pass); the ratio is then exactly 1 by construction."""
+    a = self.algo
+    return (
+      a.ppo_epochs == 1
+      and a.num_minibatches == 1
+      and not (a.kl_placement == "reward" and a.kl_coef > 0)
+    )
+
+  @property
+  def uses_reference(self) -> bool:
+    """A frozen copy of the initial policy is kept for the KL term."""
+    a = self.algo
+    return a.kl_coef > 0 or (a.kl_placement == "reward" and a.kl_mode == "adaptive")
+
+  @property
   def uses_critic(self) -> bool:
     return self.algo.estimator == "gae"
 

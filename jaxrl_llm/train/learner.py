@@ -81,7 +81,6 @@ class Learner:
     self._update = jax.jit(
       functools.partial(step_lib.update, optimizers=self.optimizers, **statics), donate_argnums=0
     )
-    self._update_kl = jax.jit(functools.partial(step_lib.update_kl, cfg=cfg), donate_argnums=0)
 
   def _init_params(self, make_module):
     """Shape first: abstract module, then shardings, then a jitted init straight onto them."""
@@ -138,9 +137,8 @@ class Learner:
   def experience(self, batch: step_lib.Batch):
     return self._experience(self.state, batch)
 
-  def update(self, exp: step_lib.Experience, kl_ref):
+  def update(self, exp: step_lib.Experience):
     self.state, metrics = self._update(self.state, exp)
-    self.state = self._update_kl(self.state, kl_ref)
     return metrics
 
   @property

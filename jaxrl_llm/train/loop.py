@@ -200,7 +200,7 @@ def train(cfg: TrainConfig, devices=None, task: Task | None = None) -> dict:
     scores, stats = _score(task, examples, out, cfg)
     batch = Batch(*prompt, out.tokens_BxN, out.mask_BxN, learner.shard_batch(scores))
     exp, exp_metrics = learner.experience(batch)
-    update_metrics = learner.update(exp, exp_metrics["kl_ref"])
+    update_metrics = learner.update(exp)
     if step + 1 < cfg.run.steps:  # dispatch the next rollout before reading this step's metrics
       examples = stream.next()
       prompt, out = _rollout(learner, task, examples, cfg, jax.random.fold_in(key, step + 1))

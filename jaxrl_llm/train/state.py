@@ -107,12 +107,7 @@ def init_train_state(
 ) -> TrainState:
   """Builds the state from (possibly already placed) params; the reference is a copy."""
   policy_opt = optimizers[0].init(policy)
-  ref = (
-    jax.tree.map(jnp.copy, policy)
-    if cfg.algo.kl_coef > 0
-    or (cfg.algo.kl_placement == "reward" and cfg.algo.kl_mode == "adaptive")
-    else None
-  )
+  ref = jax.tree.map(jnp.copy, policy) if cfg.uses_reference else None
   critic_opt = None if critic is None else optimizers[1].init(critic)
   return TrainState(
     step=jnp.zeros((), jnp.int32),

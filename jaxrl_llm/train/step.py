@@ -90,9 +90,9 @@ def make_experience(
       lambda b: sequence_forward(policy_def, params, b, temperature), batch, rows
     )
 
-  old_logp = logp(state.policy)
-  ref_logp = jnp.zeros_like(old_logp) if state.ref is None else logp(state.ref)
-  zeros = jnp.zeros_like(old_logp)
+  zeros = jnp.zeros(mask_BxN.shape, jnp.float32)
+  old_logp = zeros if cfg.single_update else logp(state.policy)  # see TrainConfig.single_update
+  ref_logp = zeros if state.ref is None else logp(state.ref)
   values = (
     zeros
     if state.critic is None
@@ -118,9 +118,7 @@ def make_experience(
     )
     adv = jnp.where(mask_BxN, adv_B[:, None], 0.0)
   exp = Experience(batch, old_logp, ref_logp, values, adv, returns)
-  seq_kl = jnp.sum(kl_BxN, -1).mean()
   return exp, {
-    "kl_ref": seq_kl,
     "kl_coef": state.kl.coef,
     "advantage_abs_mean": core.masked_mean(jnp.abs(adv), mask_BxN),
   }
@@ -134,6 +132,7 @@ def policy_objective(
   logp, ent = sequence_forward(
     policy_def, params, exp.batch, cfg.rollout.temperature, with_entropy=True
   )
+  old_logp = jax.lax.stop_gradient(logp) if cfg.single_update else exp.old_logp_BxN
   agg = functools.partial(
     core.aggregate,
     mask_BxT=mask,
@@ -142,7 +141,7 @@ def policy_objective(
     global_denominator=denominator,
   )
   pg_BxN, metrics = core.POLICY_LOSSES[a.policy_loss](
-    logp, exp.old_logp_BxN, exp.advantages_BxN, mask, **cfg.policy_loss_kwargs()
+    logp, old_logp, exp.advantages_BxN, mask, **cfg.policy_loss_kwargs()
   )
   pg_loss = agg(pg_BxN)
   loss = pg_loss
@@ -151,6 +150,9 @@ def policy_objective(
   if a.entropy_coef:
     loss = loss - a.entropy_coef * agg(ent)
   metrics = metrics | {"pg_loss": pg_loss, "entropy": core.masked_mean(ent, mask)}
+  if cfg.uses_reference:
+    kl_BxN = core.kl_penalty(jax.lax.stop_gradient(logp), exp.ref_logp_BxN, a.kl_estimator)
+    metrics["kl_ref"] = jnp.mean(jnp.sum(jnp.where(mask, kl_BxN, 0.0), axis=-1))
   return loss, metrics
 
 
@@ -247,12 +249,15 @@ def update(
 
   carry = (state.policy, state.policy_opt, state.critic, state.critic_opt)
   (policy, policy_opt, critic, critic_opt), metrics = jax.lax.scan(minibatch, carry, rows_MxUxR)
+  kl = state.kl
+  if cfg.uses_reference:  # the rollout policy's per-sequence KL (the first minibatch's)
+    kl = kl_controller(cfg).update(state.kl, metrics["kl_ref"][0], cfg.batch_size)
   new = state._replace(
-    step=state.step + 1, policy=policy, policy_opt=policy_opt, critic=critic, critic_opt=critic_opt
+    step=state.step + 1,
+    policy=policy,
+    policy_opt=policy_opt,
+    critic=critic,
+    critic_opt=critic_opt,
+    kl=kl,
   )
   return new, metrics
-
-
-def update_kl(state: TrainState, kl_ref, *, cfg: TrainConfig) -> TrainState:
-  """Steps the KL coefficient controller with the rollout's mean per-sequence KL."""
-  return state._replace(kl=kl_controller(cfg).update(state.kl, kl_ref, cfg.batch_size))

@@ -52,11 +52,11 @@ def tokens_per_step(cfg: TrainConfig) -> int:
 
 
 def iteration_flops(learner, cfg: TrainConfig) -> float:
-  """2 N per token for each forward (rollout, old and reference log-probs, values), 6 N per
-  token for each training pass (policy and critic), with N the parameter count."""
+  """2 N per token for each forward (rollout, old log-probs unless `single_update`, reference,
+  values), 6 N per token for each training pass (policy and critic), N the parameter count."""
   n = learner.num_params
   tokens = tokens_per_step(cfg)
-  forwards = 2 + (cfg.algo.kl_coef > 0) + cfg.uses_critic  # rollout, old logp, ref, values
+  forwards = 1 + (not cfg.single_update) + cfg.uses_reference + cfg.uses_critic
   passes = cfg.algo.ppo_epochs * (1 + cfg.uses_critic)
   return 2 * n * tokens * forwards + 6 * n * tokens * passes
 

@@ -272,3 +272,16 @@ def test_cli_runs(tmp_path):
   last = out.stdout.strip().splitlines()[-1]
   assert last.startswith("heldout_accuracy before=") and " after=" in last
   assert (tmp_path / "cli" / "metrics.jsonl").exists()
+
+
+def test_trains_a_hugging_face_checkpoint_on_a_mesh(tmp_path):
+  """model.path loads a local HF directory straight onto the (data 4 x fsdp 2) mesh."""
+  cfg = small_config(
+    tmp_path,
+    **{"model.path": "tests/fixtures/qwen2_tied", "mesh.data": 4, "mesh.fsdp": 2, "run.steps": 2},
+  )
+  learner = train(cfg)["learner"]
+  assert learner.model_cfg.vocab_size == 320 and learner.model_cfg.tie_word_embeddings
+  embed = learner.state.policy["decoder"]["embed_VxD"][...]
+  assert embed.sharding.spec == jax.sharding.PartitionSpec(None, "fsdp")
+  assert len(json.loads(open(tmp_path / "run" / "metrics.jsonl").readlines()[-1])) > 10

@@ -102,7 +102,7 @@ def bench_transformers(model, prompt, mask, repeats):
     hf = transformers.AutoModelForCausalLM.from_pretrained(
       tmp, dtype=torch.float32 if model.cfg.dtype == jnp.float32 else torch.bfloat16
     ).eval()
-  ids, attn = torch.from_numpy(np.asarray(prompt)).long(), torch.from_numpy(np.asarray(mask))
+  ids, attn = torch.from_numpy(np.array(prompt)).long(), torch.from_numpy(np.array(mask))
   kwargs = dict(
     attention_mask=attn,
     do_sample=True,

@@ -141,6 +141,8 @@ class CharTokenizer:
   def decode(self, ids, skip_special_tokens: bool = True) -> str:
     out = []
     for i in map(int, ids):
+      if not 0 <= i < self.vocab_size:
+        raise ValueError(f"token id {i} is outside this CharTokenizer's {self.vocab_size} ids.")
       if i < len(self.specials):
         if not skip_special_tokens:
           out.append(self.specials[i])

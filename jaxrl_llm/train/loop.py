@@ -11,11 +11,11 @@ import numpy as np
 from tqdm import tqdm
 
 from jaxrl_llm.data import ArithmeticTask, left_pad
-from jaxrl_llm.models import CharTokenizer
+from jaxrl_llm.models import CharTokenizer, load_tokenizer
 from jaxrl_llm.models.sharding import make_mesh
 from jaxrl_llm.rewards import exact_match, score
 from jaxrl_llm.train import perf
-from jaxrl_llm.train.config import TrainConfig, validate
+from jaxrl_llm.train.config import ConfigError, TrainConfig, validate
 from jaxrl_llm.train.learner import Learner
 from jaxrl_llm.train.metrics import MetricsWriter, to_python
 from jaxrl_llm.train.sft import warm_start
@@ -54,7 +54,12 @@ class Task:
   def __init__(self, cfg: TrainConfig):
     t = cfg.task
     self.spec = ArithmeticTask(digits=t.digits, ops=t.ops, test_fraction=t.test_fraction)
-    self.tokenizer = CharTokenizer(self.spec.alphabet, with_bos=False)
+    # A checkpoint brings its own tokenizer; a random-init model gets the task's characters.
+    self.tokenizer = (
+      load_tokenizer(cfg.model.path)
+      if cfg.model.path
+      else CharTokenizer(self.spec.alphabet, with_bos=False)
+    )
     self.prompt_length = t.prompt_length
     self.reward_fns = {"exact_match": (exact_match, 1.0)}
 
@@ -173,6 +178,11 @@ def train(cfg: TrainConfig, devices=None, task: Task | None = None) -> dict:
   task = Task(cfg) if task is None else task
   tok = task.tokenizer
   learner = Learner(cfg, mesh, tok.vocab_size, tok.eos_id, tok.pad_id)
+  if learner.model_cfg.vocab_size < tok.vocab_size:
+    raise ConfigError(
+      f"the tokenizer has {tok.vocab_size} tokens but the model's vocabulary "
+      f"only {learner.model_cfg.vocab_size}; use the checkpoint's own tokenizer."
+    )
   writer = MetricsWriter(cfg.run.workdir, cfg.run.tensorboard)
   test = task.spec.examples("test", cfg.run.eval_examples, seed=cfg.run.seed + 1)
   summary = {"workdir": str(Path(cfg.run.workdir).resolve())}

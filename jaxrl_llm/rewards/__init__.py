@@ -1,6 +1,29 @@
 """Reward functions: host-side Python on decoded completions."""
 
 from jaxrl_llm.rewards.base import RewardError, RewardFn, score
-from jaxrl_llm.rewards.math import exact_match, parse_number
+from jaxrl_llm.rewards.countdown import countdown_reward, evaluate_expression
+from jaxrl_llm.rewards.length import missing_eos_penalty, overlong_penalty
+from jaxrl_llm.rewards.math import (
+  canonical_number,
+  exact_match,
+  extract_answer,
+  format_reward,
+  last_boxed,
+  parse_number,
+)
 
-__all__ = ["RewardError", "RewardFn", "exact_match", "parse_number", "score"]
+__all__ = [
+  "RewardError",
+  "RewardFn",
+  "canonical_number",
+  "countdown_reward",
+  "evaluate_expression",
+  "exact_match",
+  "extract_answer",
+  "format_reward",
+  "last_boxed",
+  "missing_eos_penalty",
+  "overlong_penalty",
+  "parse_number",
+  "score",
+]

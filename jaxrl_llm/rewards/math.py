@@ -1,33 +1,96 @@
-"""Verifiable numeric answers, parsed from untrusted text without evaluating it."""
+"""Verifiable numeric answers, parsed from untrusted text without evaluating it.
+
+Only ASCII digits count (a model writing Arabic-Indic or full-width digits gets
+no credit rather than a surprising parse), only the last `MAX_CHARS` characters
+of a completion are searched, and numbers stay strings: `1e999` is not a number
+here and nothing can overflow.
+"""
 
 import re
 
-_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 MAX_CHARS = 10_000  # only the tail of a longer completion is searched
+_NUMBER = re.compile(r"-?[0-9][0-9,]*(?:\.[0-9]+)?")
+_PLAIN = re.compile(r"^\s*(-?[0-9][0-9,]*(?:\.[0-9]+)?)\s*\.?\s*$")
+_HASHES = "####"
+_BOXED = "\\boxed{"
 
 
-def parse_number(text: str) -> str | None:
-  """The last number in `text`, normalised: no thousands commas, no trailing `.0`s.
-
-  Returns a canonical decimal string (or None), so answers compare as text and a
-  huge number cannot overflow anything.
-  """
-  matches = _NUMBER.findall(text[-MAX_CHARS:])
-  if not matches:
-    return None
-  number = matches[-1].replace(",", "")
+def canonical_number(number: str) -> str:
+  """`-0012.50` -> `-12.5`, `1,234` -> `1234`, `3.0` -> `3`, `-0` -> `0`."""
+  number = number.replace(",", "")
   negative = number.startswith("-")
   whole, _, fraction = number.lstrip("-").partition(".")
-  canonical = (whole.lstrip("0") or "0") + (
-    "." + fraction.rstrip("0") if fraction.rstrip("0") else ""
-  )
+  fraction = fraction.rstrip("0")
+  canonical = (whole.lstrip("0") or "0") + ("." + fraction if fraction else "")
   return "-" + canonical if negative and canonical != "0" else canonical
 
 
+def parse_number(text: str) -> str | None:
+  """The last number in `text`, canonical (see `canonical_number`), or None."""
+  matches = _NUMBER.findall(text[-MAX_CHARS:])
+  return canonical_number(matches[-1]) if matches else None
+
+
+def _plain_number(text: str) -> str | None:
+  """`text` if it is exactly one number (optionally with a final period), canonical."""
+  match = _PLAIN.match(text)
+  return canonical_number(match.group(1)) if match else None
+
+
+def last_boxed(text: str) -> str | None:
+  """The content of the last `\\boxed{...}`, braces balanced, nested boxes unwrapped."""
+  start = text.rfind(_BOXED)
+  if start < 0:
+    return None
+  depth, i = 1, start + len(_BOXED)
+  for j in range(i, min(len(text), i + MAX_CHARS)):
+    depth += {"{": 1, "}": -1}.get(text[j], 0)
+    if depth == 0:
+      inner = text[i:j]
+      return last_boxed(inner) if inner.strip().startswith(_BOXED) else inner
+  return None  # unbalanced
+
+
+def extract_answer(text: str) -> str | None:
+  """The final answer of a completion, canonical, by the first rule that applies:
+
+  1. after the last `####` (GSM8K): the rest of that line, if it is one number;
+  2. the last `\\boxed{...}`, if it holds one number;
+  3. the last number anywhere.
+
+  A `####` or `\\boxed{}` whose content is not a plain number gives None: the
+  model committed to an answer that is not a number.
+  """
+  text = text[-MAX_CHARS:]
+  at = text.rfind(_HASHES)
+  if at >= 0:
+    return _plain_number(text[at + len(_HASHES) :].split("\n", 1)[0])
+  boxed = last_boxed(text)
+  if boxed is not None:
+    return _plain_number(boxed)
+  return parse_number(text)
+
+
 def exact_match(completions, examples):
-  """1.0 where the completion's last number equals the example's `answer`, else 0.0."""
+  """1.0 where the completion's final answer equals the example's `answer`, else 0.0.
+
+  The reference answer goes through the same extraction, so a GSM8K solution
+  ending in `#### 72` and a bare `72` both work as `answer`.
+  """
   out = []
   for text, example in zip(completions, examples, strict=True):
-    guess = parse_number(text)
-    out.append(float(guess is not None and guess == parse_number(str(example["answer"]))))
+    guess = extract_answer(text)
+    out.append(float(guess is not None and guess == extract_answer(str(example["answer"]))))
   return out
+
+
+def format_reward(pattern: str = r"####\s*-?[0-9][0-9,]*(?:\.[0-9]+)?\s*$"):
+  """A reward function: 1.0 where the completion's tail matches `pattern` (default: ends
+  with a GSM8K `#### <number>` line), else 0.0."""
+  compiled = re.compile(pattern)
+
+  def format_ok(completions, examples):
+    del examples
+    return [float(compiled.search(c[-MAX_CHARS:]) is not None) for c in completions]
+
+  return format_ok

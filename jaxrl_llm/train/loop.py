@@ -141,10 +141,15 @@ def _rollout(learner, task, examples, cfg, rng):
 
 def _score(task, examples, out, cfg):
   tokens, mask, truncated = jax.device_get((out.tokens_BxN, out.mask_BxN, out.truncated_B))
-  grouped = [e for e in examples for _ in range(cfg.rollout.group_size)]  # group-major rows
-  completions = task.decode(tokens, mask)
-  total, parts = score(task.reward_fns, completions, grouped)
   lengths = mask.sum(-1)
+  grouped = [e for e in examples for _ in range(cfg.rollout.group_size)]  # group-major rows
+  # What length-based rewards read (see jaxrl_llm/rewards/length.py).
+  rows = [
+    e | {"completion_tokens": int(n), "truncated": bool(t)}
+    for e, n, t in zip(grouped, lengths, truncated, strict=True)
+  ]
+  completions = task.decode(tokens, mask)
+  total, parts = score(task.reward_fns, completions, rows)
   stats = {
     "reward_mean": float(total.mean()),
     "reward_std": float(total.std()),

@@ -1,0 +1,144 @@
+"""Reward parsers on ordinary and adversarial completions; the checked reward combination."""
+
+import time
+
+import numpy as np
+import pytest
+
+from jaxrl_llm.rewards import (
+  RewardError,
+  countdown_reward,
+  evaluate_expression,
+  exact_match,
+  extract_answer,
+  format_reward,
+  last_boxed,
+  missing_eos_penalty,
+  overlong_penalty,
+  parse_number,
+  score,
+)
+
+
+@pytest.mark.parametrize(
+  "text,expected",
+  [
+    ("so the total is 1,234.50 dollars", "1234.5"),
+    ("Natalia sold 48 + 24 = 72 clips.\n#### 72", "72"),
+    ("#### -0012", "-12"),
+    ("#### 3.0", "3"),
+    ("#### 72.", "72"),
+    ("#### 1e999", None),  # not a plain number: no answer, and no float overflow
+    ("#### seventy-two", None),
+    ("the answer is \\boxed{42}", "42"),
+    ("\\boxed{\\boxed{7}}", "7"),
+    ("\\boxed{\\boxed{}}", None),
+    ("\\boxed{1+1}", None),
+    ("\\boxed{12", "12"),  # unbalanced box: falls back to the last number
+    ('__import__("os").system("x")', None),
+    ("٤٢", None),  # Arabic-Indic digits are not ASCII digits
+    ("４２", None),  # nor are full-width ones
+    ("-0.0", "0"),
+    ("no digits here", None),
+  ],
+)
+def test_extract_answer(text, expected):
+  assert extract_answer(text) == expected
+
+
+def test_huge_completion_is_fast_and_safe():
+  text = "9" * 1_000_000 + " so #### 12"
+  start = time.perf_counter()
+  assert extract_answer(text) == "12"
+  assert parse_number("x" * 1_000_000) is None
+  assert last_boxed("\\boxed{" + "{" * 1_000_000) is None
+  assert time.perf_counter() - start < 5  # linear-time parsing, not a timing benchmark
+
+
+def test_exact_match_against_gsm8k_and_bare_answers():
+  examples = [{"answer": "She has 3 + 4 = 7.\n#### 7"}, {"answer": "1,000"}, {"answer": "5"}]
+  assert exact_match(["#### 7", "the answer is 1000", "\\boxed{6}"], examples) == [1, 1, 0]
+
+
+def test_format_reward():
+  fmt = format_reward()
+  assert fmt(["reasoning...\n#### 12", "12", "#### twelve"], [{}] * 3) == [1.0, 0.0, 0.0]
+
+
+def test_overlong_penalty_by_hand():
+  fn = overlong_penalty(max_tokens=20, cache_tokens=4)
+  lengths = [10, 16, 18, 20, 21]
+  out = fn([""] * 5, [{"completion_tokens": n} for n in lengths])
+  np.testing.assert_allclose(out, [0.0, 0.0, -0.5, -1.0, -1.0])
+  with pytest.raises(ValueError, match="cache_tokens"):
+    overlong_penalty(4, 8)
+
+
+def test_missing_eos_penalty():
+  fn = missing_eos_penalty(-0.5)
+  assert fn(["a", "b"], [{"truncated": True}, {"truncated": False}]) == [-0.5, 0.0]
+
+
+@pytest.mark.parametrize(
+  "completion,reward",
+  [
+    ("(25 - 3 * 7) * 50 - 50 = 150", 0.0),  # 150, but 50 is used twice and 7 never
+    ("<answer>(7 - 25 / 25 ... )</answer>", 0.0),  # not an expression
+    ("<answer>50 * 3 + (25 - 7) * 0</answer>", 0.0),  # 0 was not given
+    ("<answer>(25 + 50) * (7 - 3) / 2</answer>", 0.0),  # 150, but 2 was not given
+    ("<answer>50 * 3 + 25 - 25</answer>", 0.0),  # 150, but 25 twice and 7 never
+    ("<answer>50 / (7 - 7)</answer>", 0.0),  # division by zero
+    ("<answer>__import__('os').system('x')</answer>", 0.0),  # not arithmetic, never run
+    ("<answer>" + "(" * 100 + "3" + ")" * 100 + "</answer>", 0.0),  # nested too deeply
+    ("<answer>3 ** 50</answer>", 0.0),  # no power operator
+    ("<answer>" + "1+" * 200 + "1</answer>", 0.0),  # too long
+    ("<answer>(3 + 7) * 25 - 50 * 2</answer>", 0.0),  # 150, but 50 twice via 2
+    ("<answer>(7 - 3) * 25 + 50</answer>", 1.0),
+    ("reasoning\n(7 - 3) × 25 + 50 = 150", 1.0),
+    ("<answer>50 + 25 * (7 - 3)</answer>", 1.0),
+  ],
+)
+def test_countdown_reward(completion, reward):
+  example = {"numbers": [3, 7, 25, 50], "target": 150}
+  assert countdown_reward([completion], [example]) == [reward]
+
+
+def test_countdown_use_all_flag_and_exact_fractions():
+  example = {"numbers": [6, 4, 3], "target": 8}
+  assert countdown_reward(["6 / 3 * 4"], [example]) == [1.0]
+  assert countdown_reward(["4 * 2"], [example]) == [0.0]
+  assert countdown_reward(["6 + 4 - 3 + 1"], [{"numbers": [6, 4, 3, 1], "target": 8}]) == [1.0]
+  assert countdown_reward(
+    ["6 + 4 / 2"], [{"numbers": [6, 4, 2, 9], "target": 8}], use_all=False
+  ) == [1.0]
+  value, used = evaluate_expression("1 / 3 * 3")
+  assert value == 1 and used == [1, 3, 3]
+
+
+class _Boom:
+  __name__ = "boom"
+
+  def __call__(self, completions, examples):
+    raise KeyError("answer")
+
+
+def test_score_combines_weighted_functions():
+  fns = {"exact": (exact_match, 1.0), "eos": (missing_eos_penalty(-1.0), 0.5)}
+  examples = [{"answer": "3", "truncated": False}, {"answer": "4", "truncated": True}]
+  total, parts = score(fns, ["#### 3", "#### 4"], examples)
+  np.testing.assert_allclose(total, [1.0, 0.5])
+  np.testing.assert_allclose(parts["eos"], [0.0, -1.0])
+
+
+@pytest.mark.parametrize(
+  "fn,message",
+  [
+    (_Boom(), r"reward function 'r' \(boom\) raised KeyError\('answer'\).*first example"),
+    (lambda c, e: [1.0], r"'r' returned shape \(1,\); it must return one float per completion"),
+    (lambda c, e: [1.0, float("nan")], r"'r' returned nan for completion 1 \('b'\) of example"),
+    (lambda c, e: [1.0, float("inf")], r"returned inf for completion 1"),
+  ],
+)
+def test_bad_reward_functions_are_named(fn, message):
+  with pytest.raises(RewardError, match=message):
+    score({"r": (fn, 1.0)}, ["a", "b"], [{"i": 0}, {"i": 1}])

@@ -42,9 +42,16 @@ class ModelSection:
 
 @dataclasses.dataclass(frozen=True)
 class TaskSection:
+  """`name`: arithmetic (digits, ops), countdown (count, max_number) or gsm8k (path to a
+  local GSM8K-format .jsonl/.parquet file, optional test_path)."""
+
   name: str = "arithmetic"
   digits: int = 2
   ops: str = "+"
+  count: int = 4
+  max_number: int = 50
+  path: str = ""
+  test_path: str = ""
   test_fraction: float = 0.2
   train_examples: int = 4096  # prompts RL draws from (their answers are only used by rewards)
   prompt_length: int = 8  # prompts are left-padded to this many tokens
@@ -300,8 +307,13 @@ def validate(cfg: TrainConfig, num_devices: int | None = None) -> None:
     f"config.optim.schedule={cfg.optim.schedule!r}; use 'constant' or 'cosine'.",
   )
   _check(
-    cfg.task.name == "arithmetic",
-    f"config.task.name={cfg.task.name!r} is unknown; available: 'arithmetic'.",
+    cfg.task.name in ("arithmetic", "countdown", "gsm8k"),
+    f"config.task.name={cfg.task.name!r} is unknown; available: arithmetic, countdown, gsm8k.",
+  )
+  _check(
+    cfg.task.name != "gsm8k" or bool(cfg.task.path),
+    "config.task.name='gsm8k' needs config.task.path: a local GSM8K-format .jsonl or .parquet "
+    "file (records with 'question' and an 'answer' ending in '#### <number>').",
   )
   _check(
     cfg.model.dtype in ("float32", "bfloat16") and cfg.model.param_dtype in ("float32", "bfloat16"),

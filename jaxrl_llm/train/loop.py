@@ -10,16 +10,15 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
-from jaxrl_llm.data import ArithmeticTask, left_pad
-from jaxrl_llm.models import CharTokenizer, load_tokenizer
 from jaxrl_llm.models.sharding import make_mesh
-from jaxrl_llm.rewards import exact_match, score
+from jaxrl_llm.rewards import score
 from jaxrl_llm.train import perf
 from jaxrl_llm.train.config import ConfigError, TrainConfig, validate
 from jaxrl_llm.train.learner import Learner
 from jaxrl_llm.train.metrics import MetricsWriter, to_python
 from jaxrl_llm.train.sft import warm_start
 from jaxrl_llm.train.step import Batch
+from jaxrl_llm.train.task import Task
 
 
 class TrainingDiverged(RuntimeError):
@@ -37,6 +36,16 @@ class PromptStream:
   def _shuffle(self):
     return np.random.default_rng([self.seed, self.epoch]).permutation(len(self.examples))
 
+  def state(self) -> dict:
+    """What restores this stream exactly: seed, epoch and position in the epoch's order."""
+    return {"seed": self.seed, "epoch": self.epoch, "position": self.position}
+
+  def restore(self, state: dict) -> None:
+    if state["seed"] != self.seed:
+      raise ValueError(f"prompt stream state has seed {state['seed']}, this stream {self.seed}.")
+    self.epoch, self.position = state["epoch"], state["position"]
+    self._order = self._shuffle()
+
   def next(self) -> list[dict]:
     out = []
     while len(out) < self.batch_size:
@@ -46,49 +55,6 @@ class PromptStream:
       out.append(self.examples[self._order[self.position]])
       self.position += 1
     return out
-
-
-class Task:
-  """The prompts, tokenizer and reward functions of a configured task."""
-
-  def __init__(self, cfg: TrainConfig):
-    t = cfg.task
-    self.spec = ArithmeticTask(digits=t.digits, ops=t.ops, test_fraction=t.test_fraction)
-    # A checkpoint brings its own tokenizer; a random-init model gets the task's characters.
-    self.tokenizer = (
-      load_tokenizer(cfg.model.path)
-      if cfg.model.path
-      else CharTokenizer(self.spec.alphabet, with_bos=False)
-    )
-    self.prompt_length = t.prompt_length
-    self.reward_fns = {"exact_match": (exact_match, 1.0)}
-
-  def prompts(self, examples):
-    return left_pad(
-      [self.tokenizer.encode(e["prompt"]) for e in examples],
-      self.prompt_length,
-      self.tokenizer.pad_id,
-    )
-
-  def labelled_batch(self, examples, max_new_tokens: int) -> Batch:
-    """Prompts with their answers (and EOS) as completions, for the supervised warm start."""
-    prompt = self.prompts(examples)
-    answers = [self.tokenizer.encode(e["answer"]) + [self.tokenizer.eos_id] for e in examples]
-    tokens = np.full((len(examples), max_new_tokens), self.tokenizer.pad_id, np.int32)
-    mask = np.zeros_like(tokens, bool)
-    for i, ids in enumerate(answers):
-      if len(ids) > max_new_tokens:
-        raise ValueError(
-          f"answer {examples[i]['answer']!r} needs {len(ids)} tokens; raise "
-          "config.rollout.max_new_tokens."
-        )
-      tokens[i, : len(ids)], mask[i, : len(ids)] = ids, True
-    return Batch(
-      prompt.tokens_BxP, prompt.mask_BxP, tokens, mask, np.zeros(len(examples), np.float32)
-    )
-
-  def decode(self, tokens_BxN, mask_BxN) -> list[str]:
-    return [self.tokenizer.decode(t[m]) for t, m in zip(tokens_BxN, mask_BxN, strict=True)]
 
 
 def evaluate(learner: Learner, task: Task, examples: list[dict], batch_size: int) -> float:
@@ -107,7 +73,7 @@ def evaluate(learner: Learner, task: Task, examples: list[dict], batch_size: int
     )
     tokens, mask = jax.device_get((out.tokens_BxN, out.mask_BxN))
     completions = task.decode(tokens, mask)[: len(chunk)]
-    correct.extend(exact_match(completions, chunk))
+    correct.extend(task.correct(completions, chunk))
   return float(np.mean(correct))
 
 
@@ -153,7 +119,7 @@ def _score(task, examples, out, cfg):
   stats = {
     "reward_mean": float(total.mean()),
     "reward_std": float(total.std()),
-    "accuracy": float(parts["exact_match"].mean()),
+    "accuracy": float(parts[next(iter(task.reward_fns))].mean()),  # the first decides
     "response_length_mean": float(lengths.mean()),
     "response_length_max": float(lengths.max()),
     "truncation_rate": float(truncated.mean()),

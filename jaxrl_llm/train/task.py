@@ -1,0 +1,73 @@
+"""A configured task: where prompts come from, how they are tokenized, and how answers score."""
+
+import numpy as np
+
+from jaxrl_llm.data import ArithmeticTask, left_pad
+from jaxrl_llm.data.countdown import CountdownTask
+from jaxrl_llm.data.gsm8k import GSM8KFile
+from jaxrl_llm.models import CharTokenizer, load_tokenizer
+from jaxrl_llm.rewards import countdown_reward, exact_match
+from jaxrl_llm.train.config import TrainConfig
+from jaxrl_llm.train.step import Batch
+
+TASKS = ("arithmetic", "countdown", "gsm8k")
+
+
+class Task:
+  """Prompts, tokenizer and reward functions. The first reward function decides correctness
+  (the `accuracy` metric and held-out accuracy)."""
+
+  def __init__(self, cfg: TrainConfig):
+    t = cfg.task
+    if t.name == "arithmetic":
+      self.spec = ArithmeticTask(digits=t.digits, ops=t.ops, test_fraction=t.test_fraction)
+      self.reward_fns = {"exact_match": (exact_match, 1.0)}
+    elif t.name == "countdown":
+      self.spec = CountdownTask(
+        count=t.count, max_number=t.max_number, test_fraction=t.test_fraction
+      )
+      self.reward_fns = {"countdown": (countdown_reward, 1.0)}
+    else:
+      self.spec = GSM8KFile(t.path, test_fraction=t.test_fraction, test_path=t.test_path or None)
+      self.reward_fns = {"exact_match": (exact_match, 1.0)}
+    # A checkpoint brings its own tokenizer; a random-init model gets the task's characters.
+    self.tokenizer = (
+      load_tokenizer(cfg.model.path)
+      if cfg.model.path
+      else CharTokenizer(self.spec.alphabet, with_bos=False)
+    )
+    self.prompt_length = t.prompt_length
+
+  def correct(self, completions, examples) -> list[float]:
+    fn, _ = next(iter(self.reward_fns.values()))
+    return list(fn(completions, examples))
+
+  def prompts(self, examples):
+    return left_pad(
+      [self.tokenizer.encode(e["prompt"]) for e in examples],
+      self.prompt_length,
+      self.tokenizer.pad_id,
+    )
+
+  def labelled_batch(self, examples, max_new_tokens: int) -> Batch:
+    """Prompts with their reference solutions (and EOS) as completions, for the warm start."""
+    prompt = self.prompts(examples)
+    targets = [
+      self.tokenizer.encode(str(e.get("solution", e.get("answer")))) + [self.tokenizer.eos_id]
+      for e in examples
+    ]
+    tokens = np.full((len(examples), max_new_tokens), self.tokenizer.pad_id, np.int32)
+    mask = np.zeros_like(tokens, bool)
+    for i, ids in enumerate(targets):
+      if len(ids) > max_new_tokens:
+        raise ValueError(
+          f"the reference answer of {examples[i]['prompt']!r} needs {len(ids)} "
+          "tokens; raise config.rollout.max_new_tokens."
+        )
+      tokens[i, : len(ids)], mask[i, : len(ids)] = ids, True
+    return Batch(
+      prompt.tokens_BxP, prompt.mask_BxP, tokens, mask, np.zeros(len(examples), np.float32)
+    )
+
+  def decode(self, tokens_BxN, mask_BxN) -> list[str]:
+    return [self.tokenizer.decode(t[m]) for t, m in zip(tokens_BxN, mask_BxN, strict=True)]

@@ -1,0 +1,140 @@
+import json
+
+import jax
+import numpy as np
+import pytest
+from train_test import small_config
+
+from jaxrl_llm.data import ArithmeticTask, left_pad
+from jaxrl_llm.data.countdown import CountdownTask
+from jaxrl_llm.data.gsm8k import GSM8KFile, load_gsm8k_file
+from jaxrl_llm.rewards import countdown_reward, exact_match
+from jaxrl_llm.train import train
+from jaxrl_llm.train.loop import PromptStream
+
+GSM8K = "tests/fixtures/gsm8k_sample.jsonl"
+
+
+@pytest.mark.parametrize(
+  "task",
+  [
+    ArithmeticTask(digits=2),
+    ArithmeticTask(digits=3, ops="+-*"),
+    CountdownTask(count=4, max_number=50),
+  ],
+)
+def test_tasks_are_deterministic_with_disjoint_splits(task):
+  train_a = task.examples("train", 300, seed=1)
+  assert train_a == task.examples("train", 300, seed=1)
+  assert train_a != task.examples("train", 300, seed=2)
+  test = task.examples("test", 100, seed=1)
+  assert not {e["prompt"] for e in train_a} & {e["prompt"] for e in test}
+  assert len({e["prompt"] for e in train_a}) == 300
+
+
+def test_arithmetic_answers_are_right():
+  for e in ArithmeticTask(digits=3, ops="+-*").examples("train", 100, seed=0):
+    a, op, b = e["prompt"][:-1].partition(next(c for c in "+-*" if c in e["prompt"][1:]))
+    assert e["answer"] == str(
+      {"+": int(a) + int(b), "-": int(a) - int(b), "*": int(a) * int(b)}[op]
+    )
+
+
+def test_countdown_reference_solutions_score_one():
+  examples = CountdownTask(count=4).examples("train", 200, seed=3)
+  assert countdown_reward([e["solution"] for e in examples], examples) == [1.0] * 200
+
+
+def test_gsm8k_file_loads_and_scores():
+  records = load_gsm8k_file(GSM8K)
+  assert len(records) == 8 and records[2]["answer"] == "1075" and records[6]["answer"] == "-5"
+  assert records[0]["prompt"].startswith("Question: A baker")
+  assert exact_match([r["solution"] for r in records], records) == [1.0] * 8
+  task = GSM8KFile(GSM8K, test_fraction=0.3)
+  train_q = {r["question"] for r in task.examples("train", len(task._splits["train"]), 0)}
+  test_q = {r["question"] for r in task.examples("test", len(task._splits["test"]), 0)}
+  assert train_q and test_q and not train_q & test_q
+
+
+def test_gsm8k_parquet(tmp_path):
+  pa = pytest.importorskip("pyarrow")
+  import pyarrow.parquet as pq
+
+  rows = [json.loads(line) for line in open(GSM8K)]
+  pq.write_table(pa.Table.from_pylist(rows), tmp_path / "g.parquet")
+  assert load_gsm8k_file(tmp_path / "g.parquet") == load_gsm8k_file(GSM8K)
+
+
+@pytest.mark.parametrize(
+  "content,message",
+  [
+    ('{"question": "q", "answer": "4"}\n', r"g.jsonl:1: the answer must end in '#### <number>'"),
+    ('{"question": "q"}\n', r"g.jsonl:1: a record needs 'question' and 'answer'"),
+    ('{"question": "q", "answer": "#### 4"}\n{oops\n', r"g.jsonl:2: not valid JSON"),
+    ('{"question": "q", "answer": "x #### 1e999"}\n', r"g.jsonl:1: the text after '####' is not"),
+    ("\n", r"holds no records"),
+  ],
+)
+def test_malformed_gsm8k_files_name_file_and_line(tmp_path, content, message):
+  (tmp_path / "g.jsonl").write_text(content)
+  with pytest.raises(ValueError, match=message):
+    load_gsm8k_file(tmp_path / "g.jsonl")
+
+
+def test_prompt_stream_restores_exactly_across_epochs():
+  examples = [{"prompt": str(i)} for i in range(10)]
+  stream = PromptStream(examples, batch_size=4, seed=7)
+  for _ in range(2):
+    stream.next()
+  saved = stream.state()  # position 8 of epoch 0: the next batch crosses the epoch boundary
+  expected = [stream.next() for _ in range(4)]
+  again = PromptStream(examples, batch_size=4, seed=7)
+  again.restore(saved)
+  assert [again.next() for _ in range(4)] == expected
+  assert again.state()["epoch"] == 2  # 24 prompts drawn from 10: two boundaries crossed
+  fresh = PromptStream(examples, batch_size=5, seed=7)
+  fresh.next(), fresh.next()
+  at_boundary = fresh.state()  # exactly at the end of epoch 0
+  after = PromptStream(examples, batch_size=5, seed=7)
+  after.restore(at_boundary)
+  assert after.next() == fresh.next()
+  with pytest.raises(ValueError, match="seed"):
+    PromptStream(examples, 4, seed=8).restore(saved)
+
+
+def test_left_pad():
+  batch = left_pad([[5, 6], [7]], 3, pad_id=0)
+  np.testing.assert_array_equal(batch.tokens_BxP, [[0, 5, 6], [0, 0, 7]])
+  with pytest.raises(ValueError, match="prompt 0 has 4 tokens"):
+    left_pad([[1, 2, 3, 4]], 3, 0)
+
+
+@pytest.mark.parametrize(
+  "name,extra",
+  [
+    ("countdown", {"task.prompt_length": 20, "rollout.max_new_tokens": 24}),
+    (
+      "gsm8k",
+      {
+        "task.path": GSM8K,
+        "task.prompt_length": 128,
+        "rollout.max_new_tokens": 8,
+        "task.train_examples": 4,
+        "run.eval_examples": 2,
+        "run.eval_batch_size": 2,
+        "rollout.prompts_per_step": 2,
+        "task.test_path": GSM8K,
+        "warmstart.steps": 0,  # worked solutions are longer than this test's token budget
+      },
+    ),
+  ],
+)
+def test_trainer_runs_each_task(tmp_path, name, extra):
+  cfg = small_config(
+    tmp_path,
+    **{"task.name": name, "warmstart.steps": 2, "warmstart.examples": 4, "warmstart.batch_size": 4}
+    | extra,
+  )
+  summary = train(cfg, devices=jax.devices()[:1])
+  row = json.loads(open(summary["metrics"]).readline())
+  assert 0 <= row["accuracy"] <= 1 and np.isfinite(row["loss"])

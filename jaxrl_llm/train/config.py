@@ -52,6 +52,7 @@ class TaskSection:
   max_number: int = 50
   path: str = ""
   test_path: str = ""
+  data_dir: str = ""  # set: examples go through TFDS array_record files prepared here
   test_fraction: float = 0.2
   train_examples: int = 4096  # prompts RL draws from (their answers are only used by rewards)
   prompt_length: int = 8  # prompts are left-padded to this many tokens

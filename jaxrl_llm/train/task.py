@@ -5,12 +5,44 @@ import numpy as np
 from jaxrl_llm.data import ArithmeticTask, left_pad
 from jaxrl_llm.data.countdown import CountdownTask
 from jaxrl_llm.data.gsm8k import GSM8KFile
+from jaxrl_llm.data.tfds_builders import (
+  TfdsSource,
+  arithmetic_builder,
+  countdown_builder,
+  gsm8k_local_builder,
+)
 from jaxrl_llm.models import CharTokenizer, load_tokenizer
 from jaxrl_llm.rewards import countdown_reward, exact_match
 from jaxrl_llm.train.config import TrainConfig
 from jaxrl_llm.train.step import Batch
 
 TASKS = ("arithmetic", "countdown", "gsm8k")
+
+
+def tfds_source(cfg: TrainConfig, generator) -> TfdsSource:
+  """The configured task's TFDS builder, prepared under `task.data_dir`."""
+  t, n_test = cfg.task, max(cfg.run.eval_examples, 1)
+  if t.name == "arithmetic":
+    builder = arithmetic_builder(
+      t.data_dir,
+      digits=t.digits,
+      ops=t.ops,
+      train_examples=t.train_examples,
+      test_examples=n_test,
+      seed=cfg.run.seed,
+    )
+  elif t.name == "countdown":
+    builder = countdown_builder(
+      t.data_dir,
+      count=t.count,
+      max_number=t.max_number,
+      train_examples=t.train_examples,
+      test_examples=n_test,
+      seed=cfg.run.seed,
+    )
+  else:
+    builder = gsm8k_local_builder(t.data_dir, t.path, t.test_path)
+  return TfdsSource(builder, alphabet=generator.alphabet)
 
 
 class Task:
@@ -30,6 +62,8 @@ class Task:
     else:
       self.spec = GSM8KFile(t.path, test_fraction=t.test_fraction, test_path=t.test_path or None)
       self.reward_fns = {"exact_match": (exact_match, 1.0)}
+    if t.data_dir:  # the same examples, written once as TFDS array_record files and read back
+      self.spec = tfds_source(cfg, self.spec)
     # A checkpoint brings its own tokenizer; a random-init model gets the task's characters.
     self.tokenizer = (
       load_tokenizer(cfg.model.path)

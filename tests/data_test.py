@@ -138,3 +138,33 @@ def test_trainer_runs_each_task(tmp_path, name, extra):
   summary = train(cfg, devices=jax.devices()[:1])
   row = json.loads(open(summary["metrics"]).readline())
   assert 0 <= row["accuracy"] <= 1 and np.isfinite(row["loss"])
+
+
+def test_bucket_length():
+  from jaxrl_llm.data import bucket_length
+
+  assert bucket_length([[1, 2], [3]], (4, 8), 16) == 4
+  assert bucket_length([[1] * 5], (4, 8), 16) == 8
+  assert bucket_length([[1] * 9], (4, 8), 16) == 16
+
+
+def test_chat_template_prompts_and_buckets(tmp_path):
+  from jaxrl_llm.train.task import Task
+
+  cfg = small_config(
+    tmp_path,
+    **{
+      "model.path": "tests/fixtures/qwen2_untied",
+      "task.template": "chat",
+      "task.prompt_length": 64,
+      "task.prompt_buckets": (24, 32),
+    },
+  )
+  task = Task(cfg)
+  text = task.render({"prompt": "12+34="})
+  assert text == "<|im_start|>user\n12+34=<|im_end|>\n<|im_start|>assistant\n"
+  batch = task.prompts([{"prompt": "12+34="}, {"prompt": "1+2="}])
+  assert batch.tokens_BxP.shape[1] in (24, 32)
+  assert (
+    task.tokenizer.decode(batch.tokens_BxP[0][batch.mask_BxP[0]], skip_special_tokens=False) == text
+  )

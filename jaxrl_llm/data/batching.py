@@ -23,3 +23,10 @@ def left_pad(token_lists: list[list[int]], length: int, pad_id: int) -> PromptBa
     tokens[i, length - len(ids) :] = ids
     mask[i, length - len(ids) :] = True
   return PromptBatch(tokens, mask)
+
+
+def bucket_length(token_lists: list[list[int]], buckets, max_length: int) -> int:
+  """The smallest of `buckets` (or `max_length`) that fits the longest list, so that
+  padded shapes, and so compilations, stay few."""
+  longest = max(len(ids) for ids in token_lists)
+  return min([b for b in sorted(buckets) if b >= longest] + [max_length])

@@ -55,7 +55,9 @@ class TaskSection:
   data_dir: str = ""  # set: examples go through TFDS array_record files prepared here
   test_fraction: float = 0.2
   train_examples: int = 4096  # prompts RL draws from (their answers are only used by rewards)
-  prompt_length: int = 8  # prompts are left-padded to this many tokens
+  prompt_length: int = 8  # the longest prompt, in tokens
+  prompt_buckets: tuple = ()  # shorter padded lengths to use when a batch fits (few shapes)
+  template: str = "plain"  # "plain": the prompt text; "chat": a user turn in the chat template
 
 
 @dataclasses.dataclass(frozen=True)
@@ -310,6 +312,14 @@ def validate(cfg: TrainConfig, num_devices: int | None = None) -> None:
   _check(
     cfg.task.name in ("arithmetic", "countdown", "gsm8k"),
     f"config.task.name={cfg.task.name!r} is unknown; available: arithmetic, countdown, gsm8k.",
+  )
+  _check(
+    cfg.task.template in ("plain", "chat"),
+    f"config.task.template={cfg.task.template!r}; use 'plain' or 'chat'.",
+  )
+  _check(
+    all(0 < b <= cfg.task.prompt_length for b in cfg.task.prompt_buckets),
+    f"config.task.prompt_buckets={cfg.task.prompt_buckets} must lie in 1..task.prompt_length.",
   )
   _check(
     cfg.task.name != "gsm8k" or bool(cfg.task.path),

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from jaxrl_llm.data import ArithmeticTask, left_pad
+from jaxrl_llm.data import ArithmeticTask, bucket_length, left_pad
 from jaxrl_llm.data.countdown import CountdownTask
 from jaxrl_llm.data.gsm8k import GSM8KFile
 from jaxrl_llm.data.tfds_builders import (
@@ -70,18 +70,26 @@ class Task:
       if cfg.model.path
       else CharTokenizer(self.spec.alphabet, with_bos=False)
     )
-    self.prompt_length = t.prompt_length
+    self.prompt_length, self.prompt_buckets, self.template = (
+      t.prompt_length,
+      t.prompt_buckets,
+      t.template,
+    )
 
   def correct(self, completions, examples) -> list[float]:
     fn, _ = next(iter(self.reward_fns.values()))
     return list(fn(completions, examples))
 
+  def render(self, example) -> str:
+    """The prompt text the model sees: as is, or as a user turn of the chat template."""
+    if self.template == "chat":
+      return self.tokenizer.apply_chat_template([{"role": "user", "content": example["prompt"]}])
+    return example["prompt"]
+
   def prompts(self, examples):
-    return left_pad(
-      [self.tokenizer.encode(e["prompt"]) for e in examples],
-      self.prompt_length,
-      self.tokenizer.pad_id,
-    )
+    ids = [self.tokenizer.encode(self.render(e)) for e in examples]
+    length = bucket_length(ids, self.prompt_buckets, self.prompt_length)
+    return left_pad(ids, length, self.tokenizer.pad_id)
 
   def labelled_batch(self, examples, max_new_tokens: int) -> Batch:
     """Prompts with their reference solutions (and EOS) as completions, for the warm start."""

@@ -68,6 +68,8 @@ class RolloutSection:
   temperature: float = 1.0
   top_k: int | None = None
   top_p: float | None = None
+  dynamic_sampling: bool = False  # DAPO: replace groups with equal rewards by fresh ones
+  max_extra_rounds: int = 2  # rollouts beyond the first that dynamic sampling may take
 
 
 @dataclasses.dataclass(frozen=True)

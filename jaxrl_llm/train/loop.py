@@ -12,7 +12,7 @@ from tqdm import tqdm
 
 from jaxrl_llm.models.sharding import make_mesh
 from jaxrl_llm.rewards import score
-from jaxrl_llm.train import perf
+from jaxrl_llm.train import dynamic, perf
 from jaxrl_llm.train.config import ConfigError, TrainConfig, validate
 from jaxrl_llm.train.learner import Learner
 from jaxrl_llm.train.metrics import MetricsWriter, to_python
@@ -128,6 +128,35 @@ def _score(task, examples, out, cfg):
   return total, stats
 
 
+def _refill(learner, task, stream, cfg, key, step, prompt, out, scores):
+  """Dynamic sampling: further rollouts until the batch holds enough informative groups."""
+  G, wanted = cfg.rollout.group_size, cfg.rollout.prompts_per_step
+
+  def host_round(prompt, out, scores):
+    return dynamic.Round(*jax.device_get((*prompt, out.tokens_BxN, out.mask_BxN)), scores)
+
+  rounds = [host_round(prompt, out, scores)]
+  zero_variance = 1.0 - float(dynamic.informative_groups(scores, G).mean())
+  extra = 0
+  while (
+    sum(int(dynamic.informative_groups(r.scores_B, G).sum()) for r in rounds) < wanted
+    and extra < cfg.rollout.max_extra_rounds
+  ):
+    extra += 1
+    examples = stream.next()
+    rng = jax.random.fold_in(jax.random.fold_in(key, step), extra)
+    prompt, out = _rollout(learner, task, examples, cfg, rng)
+    rounds.append(host_round(prompt, out, _score(task, examples, out, cfg)[0]))
+  batch = dynamic.assemble(rounds, G, wanted, task.tokenizer.pad_id)
+  informative = float(dynamic.informative_groups(batch.scores_B, G).mean())
+  stats = {
+    "zero_variance_group_fraction": zero_variance,
+    "dynamic_extra_rounds": extra,
+    "informative_group_fraction": informative,
+  }
+  return Batch(*learner.shard_batch(tuple(batch))), stats
+
+
 def _reduce(update_metrics: dict) -> dict:
   out = {}
   for k, v in update_metrics.items():
@@ -179,7 +208,11 @@ def train(cfg: TrainConfig, devices=None, task: Task | None = None) -> dict:
   for step in bar:
     start = time.perf_counter()
     scores, stats = _score(task, examples, out, cfg)
-    batch = Batch(*prompt, out.tokens_BxN, out.mask_BxN, learner.shard_batch(scores))
+    if cfg.rollout.dynamic_sampling:
+      batch, dynamic_stats = _refill(learner, task, stream, cfg, key, step, prompt, out, scores)
+      stats |= dynamic_stats
+    else:
+      batch = Batch(*prompt, out.tokens_BxN, out.mask_BxN, learner.shard_batch(scores))
     exp, exp_metrics = learner.experience(batch)
     update_metrics = learner.update(exp)
     if step + 1 < cfg.run.steps:  # dispatch the next rollout before reading this step's metrics

@@ -1,0 +1,56 @@
+"""DAPO's dynamic sampling (Yu et al., 2025, arXiv:2503.14476): groups whose rewards are all
+equal carry no signal for a group baseline, so they are dropped and the batch is refilled from
+further rollouts, within a cap on extra rounds. The batch keeps its static shape: if the cap
+is reached first, the remaining places go to dropped groups (which contribute zero advantage).
+"""
+
+from typing import NamedTuple
+
+import numpy as np
+
+
+class Round(NamedTuple):
+  """One rollout on the host: group-major rows of prompts, completions and scores."""
+
+  prompt_BxP: np.ndarray
+  prompt_mask_BxP: np.ndarray
+  tokens_BxN: np.ndarray
+  mask_BxN: np.ndarray
+  scores_B: np.ndarray
+
+
+def informative_groups(scores_B: np.ndarray, group_size: int) -> np.ndarray:
+  """[num_groups] bool: the group's rewards are not all equal."""
+  groups = scores_B.reshape(-1, group_size)
+  return groups.max(-1) > groups.min(-1)
+
+
+def _left_pad_to(x_BxP, length, value):
+  pad = length - x_BxP.shape[1]
+  return np.pad(x_BxP, ((0, 0), (pad, 0)), constant_values=value) if pad else x_BxP
+
+
+def assemble(rounds: list[Round], group_size: int, num_groups: int, pad_id: int) -> Round:
+  """`num_groups` groups: informative ones first, in rollout order, then dropped ones."""
+  keep, spare = [], []
+  for r, rnd in enumerate(rounds):
+    for g, ok in enumerate(informative_groups(rnd.scores_B, group_size)):
+      (keep if ok else spare).append((r, g))
+  chosen = (keep + spare)[:num_groups]
+  if len(chosen) < num_groups:
+    raise ValueError(f"only {len(chosen)} groups were sampled, {num_groups} needed.")
+  length = max(rnd.prompt_BxP.shape[1] for rnd in rounds)
+  parts = []
+  for r, g in chosen:
+    rows = slice(g * group_size, (g + 1) * group_size)
+    rnd = rounds[r]
+    parts.append(
+      Round(
+        _left_pad_to(rnd.prompt_BxP[rows], length, pad_id),
+        _left_pad_to(rnd.prompt_mask_BxP[rows], length, False),
+        rnd.tokens_BxN[rows],
+        rnd.mask_BxN[rows],
+        rnd.scores_B[rows],
+      )
+    )
+  return Round(*(np.concatenate(field) for field in zip(*parts, strict=True)))

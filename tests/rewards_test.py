@@ -142,3 +142,32 @@ def test_score_combines_weighted_functions():
 def test_bad_reward_functions_are_named(fn, message):
   with pytest.raises(RewardError, match=message):
     score({"r": (fn, 1.0)}, ["a", "b"], [{"i": 0}, {"i": 1}])
+
+
+def test_reward_model_as_reward_function():
+  import jax.numpy as jnp
+  from flax import nnx
+
+  from jaxrl_llm.data import left_pad
+  from jaxrl_llm.models import CharTokenizer, ModelConfig, RewardModel
+  from jaxrl_llm.rewards import reward_model_fn
+
+  tok = CharTokenizer("0123456789+=")
+  cfg = ModelConfig(
+    vocab_size=tok.vocab_size,
+    hidden_size=16,
+    intermediate_size=32,
+    num_layers=1,
+    num_heads=2,
+    num_kv_heads=1,
+  )
+  model = RewardModel(cfg, rngs=nnx.Rngs(0))
+  fn = reward_model_fn(model, tok, max_length=12, batch_size=4)
+  completions, examples = ["3", "4", "5", "12", "7"], [{"prompt": "1+2="}] * 5
+  got = fn(completions, examples)
+  assert got.shape == (5,) and np.all(np.isfinite(got)) and len(set(got.tolist())) > 1
+  batch = left_pad([tok.encode("1+2=" + c) for c in completions], 12, tok.pad_id)
+  want = model(jnp.asarray(batch.tokens_BxP), mask_BxL=jnp.asarray(batch.mask_BxP))
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+  total, parts = score({"rm": (fn, 0.5)}, completions, examples)
+  np.testing.assert_allclose(total, 0.5 * got, rtol=1e-6)

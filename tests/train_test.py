@@ -285,3 +285,20 @@ def test_trains_a_hugging_face_checkpoint_on_a_mesh(tmp_path):
   embed = learner.state.policy["decoder"]["embed_VxD"][...]
   assert embed.sharding.spec == jax.sharding.PartitionSpec(None, "fsdp")
   assert len(json.loads(open(tmp_path / "run" / "metrics.jsonl").readlines()[-1])) > 10
+
+
+def test_shaping_rewards_are_logged_on_their_own(tmp_path):
+  cfg = small_config(
+    tmp_path,
+    **{
+      "rewards.overlong_weight": 1.0,
+      "rewards.missing_eos_weight": 0.5,
+      "rewards.format_weight": 0.1,
+    },
+  )
+  summary = train(cfg, devices=jax.devices()[:1])
+  row = json.loads(open(summary["metrics"]).readline())
+  assert {"reward/exact_match", "reward/overlong", "reward/missing_eos", "reward/format"} <= set(
+    row
+  )
+  assert row["reward/missing_eos"] == -row["truncation_rate"]

@@ -61,6 +61,17 @@ class TaskSection:
 
 
 @dataclasses.dataclass(frozen=True)
+class RewardsSection:
+  """Shaping terms added to the task's correctness reward (weight 0: off); each is logged
+  as reward/<name>."""
+
+  format_weight: float = 0.0  # a GSM8K-style '#### <number>' ending
+  overlong_weight: float = 0.0  # DAPO's soft overlong penalty
+  overlong_cache_tokens: int = 0  # its soft zone; 0: a quarter of rollout.max_new_tokens
+  missing_eos_weight: float = 0.0  # -1 per completion cut off before its EOS
+
+
+@dataclasses.dataclass(frozen=True)
 class RolloutSection:
   prompts_per_step: int = 32
   group_size: int = 8
@@ -145,6 +156,7 @@ class RunSection:
 class TrainConfig:
   model: ModelSection = ModelSection()
   task: TaskSection = TaskSection()
+  rewards: RewardsSection = RewardsSection()
   rollout: RolloutSection = RolloutSection()
   algo: AlgoSection = AlgoSection()
   optim: OptimSection = OptimSection()

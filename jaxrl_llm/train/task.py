@@ -12,7 +12,13 @@ from jaxrl_llm.data.tfds_builders import (
   gsm8k_local_builder,
 )
 from jaxrl_llm.models import CharTokenizer, load_tokenizer
-from jaxrl_llm.rewards import countdown_reward, exact_match
+from jaxrl_llm.rewards import (
+  countdown_reward,
+  exact_match,
+  format_reward,
+  missing_eos_penalty,
+  overlong_penalty,
+)
 from jaxrl_llm.train.config import TrainConfig
 from jaxrl_llm.train.step import Batch
 
@@ -45,6 +51,17 @@ def tfds_source(cfg: TrainConfig, generator) -> TfdsSource:
   return TfdsSource(builder, alphabet=generator.alphabet)
 
 
+def shaping_rewards(cfg: TrainConfig) -> dict:
+  """The configured shaping terms, by name, with their weights."""
+  r, n = cfg.rewards, cfg.rollout.max_new_tokens
+  terms = {
+    "format": (format_reward(), r.format_weight),
+    "overlong": (overlong_penalty(n, r.overlong_cache_tokens or max(n // 4, 1)), r.overlong_weight),
+    "missing_eos": (missing_eos_penalty(-1.0), r.missing_eos_weight),
+  }
+  return {name: term for name, term in terms.items() if term[1]}
+
+
 class Task:
   """Prompts, tokenizer and reward functions. The first reward function decides correctness
   (the `accuracy` metric and held-out accuracy)."""
@@ -62,6 +79,7 @@ class Task:
     else:
       self.spec = GSM8KFile(t.path, test_fraction=t.test_fraction, test_path=t.test_path or None)
       self.reward_fns = {"exact_match": (exact_match, 1.0)}
+    self.reward_fns |= shaping_rewards(cfg)
     if t.data_dir:  # the same examples, written once as TFDS array_record files and read back
       self.spec = tfds_source(cfg, self.spec)
     # A checkpoint brings its own tokenizer; a random-init model gets the task's characters.

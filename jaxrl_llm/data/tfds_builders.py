@@ -118,32 +118,29 @@ def _builder(cls, config, data_dir):
   return cls(config=config, data_dir=data_dir, file_format="array_record")
 
 
-def arithmetic_builder(
-  data_dir, *, digits=2, ops="+", train_examples=4096, test_examples=512, seed=0
-):
-  name = f"d{digits}_{ops}_n{train_examples}_{test_examples}_s{seed}"
+SYNTHETIC = {"arithmetic": JaxrlArithmetic, "countdown": JaxrlCountdown}
+
+
+def synthetic_builder(kind, data_dir, *, train_examples=4096, test_examples=512, seed=0, **task):
+  """The builder of `kind` ("arithmetic" or "countdown") for these task parameters
+  (`digits`, `ops`; or `count`, `max_number`), split sizes and seed."""
+  params = "_".join(f"{k}{v}" for k, v in sorted(task.items()))
   config = SyntheticConfig(
-    name=name,
-    task={"digits": digits, "ops": ops},
+    name=f"{params}_n{train_examples}_{test_examples}_s{seed}",
+    task=task,
     train_examples=train_examples,
     test_examples=test_examples,
     seed=seed,
   )
-  return _builder(JaxrlArithmetic, config, data_dir)
+  return _builder(SYNTHETIC[kind], config, data_dir)
 
 
-def countdown_builder(
-  data_dir, *, count=4, max_number=50, train_examples=4096, test_examples=512, seed=0
-):
-  name = f"n{count}_{max_number}_n{train_examples}_{test_examples}_s{seed}"
-  config = SyntheticConfig(
-    name=name,
-    task={"count": count, "max_number": max_number},
-    train_examples=train_examples,
-    test_examples=test_examples,
-    seed=seed,
-  )
-  return _builder(JaxrlCountdown, config, data_dir)
+def arithmetic_builder(data_dir, *, digits=2, ops="+", **kwargs):
+  return synthetic_builder("arithmetic", data_dir, digits=digits, ops=ops, **kwargs)
+
+
+def countdown_builder(data_dir, *, count=4, max_number=50, **kwargs):
+  return synthetic_builder("countdown", data_dir, count=count, max_number=max_number, **kwargs)
 
 
 def gsm8k_local_builder(data_dir, train_path, test_path=""):

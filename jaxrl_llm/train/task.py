@@ -5,12 +5,7 @@ import numpy as np
 from jaxrl_llm.data import ArithmeticTask, bucket_length, left_pad
 from jaxrl_llm.data.countdown import CountdownTask
 from jaxrl_llm.data.gsm8k import GSM8KFile
-from jaxrl_llm.data.tfds_builders import (
-  TfdsSource,
-  arithmetic_builder,
-  countdown_builder,
-  gsm8k_local_builder,
-)
+from jaxrl_llm.data.tfds_builders import TfdsSource, gsm8k_local_builder, synthetic_builder
 from jaxrl_llm.models import CharTokenizer, load_tokenizer
 from jaxrl_llm.rewards import (
   countdown_reward,
@@ -22,32 +17,26 @@ from jaxrl_llm.rewards import (
 from jaxrl_llm.train.config import TrainConfig
 from jaxrl_llm.train.step import Batch
 
-TASKS = ("arithmetic", "countdown", "gsm8k")
-
 
 def tfds_source(cfg: TrainConfig, generator) -> TfdsSource:
   """The configured task's TFDS builder, prepared under `task.data_dir`."""
   t, n_test = cfg.task, max(cfg.run.eval_examples, 1)
-  if t.name == "arithmetic":
-    builder = arithmetic_builder(
-      t.data_dir,
-      digits=t.digits,
-      ops=t.ops,
-      train_examples=t.train_examples,
-      test_examples=n_test,
-      seed=cfg.run.seed,
-    )
-  elif t.name == "countdown":
-    builder = countdown_builder(
-      t.data_dir,
-      count=t.count,
-      max_number=t.max_number,
-      train_examples=t.train_examples,
-      test_examples=n_test,
-      seed=cfg.run.seed,
-    )
-  else:
+  if t.name == "gsm8k":
     builder = gsm8k_local_builder(t.data_dir, t.path, t.test_path)
+  else:
+    params = (
+      {"digits": t.digits, "ops": t.ops}
+      if t.name == "arithmetic"
+      else {"count": t.count, "max_number": t.max_number}
+    )
+    builder = synthetic_builder(
+      t.name,
+      t.data_dir,
+      train_examples=t.train_examples,
+      test_examples=n_test,
+      seed=cfg.run.seed,
+      **params,
+    )
   return TfdsSource(builder, alphabet=generator.alphabet)
 
 

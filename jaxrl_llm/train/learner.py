@@ -65,7 +65,7 @@ class Learner:
       self.policy_def, policy = self._init_params(
         lambda: CausalLM(self.model_cfg, rngs=nnx.Rngs(cfg.run.seed))
       )
-    self.critic_def, self.critic_init = None, None
+    self.critic_def = None
     if cfg.uses_critic:
       self.critic_def, _ = nnx.split(
         nnx.eval_shape(lambda: ValueModel(self.model_cfg, rngs=nnx.Rngs(0)))

@@ -6,7 +6,10 @@ gives the same fields to users with network: `tfds.load("gsm8k")`.
 """
 
 import json
+import zlib
 from pathlib import Path
+
+import numpy as np
 
 from jaxrl_llm.rewards.math import extract_answer
 
@@ -79,8 +82,6 @@ class GSM8KFile:
     if test_path:
       self._splits = {"train": records, "test": load_gsm8k_file(test_path)}
     else:
-      import zlib
-
       bucket = lambda r: zlib.crc32(r["question"].encode()) % 10_000 < test_fraction * 10_000
       self._splits = {
         "train": [r for r in records if not bucket(r)],
@@ -95,8 +96,6 @@ class GSM8KFile:
     return "".join(sorted(chars))
 
   def examples(self, split: str, n: int, seed: int) -> list[dict]:
-    import numpy as np
-
     pool = self._splits[split]
     if n > len(pool):
       raise ValueError(f"{n} {split} problems requested but the file gives {len(pool)}.")

@@ -94,9 +94,7 @@ class Learner:
     make = lambda: ValueModel.from_policy(
       nnx.merge(self.policy_def, policy), rngs=nnx.Rngs(self.cfg.run.seed + 1)
     )
-    _, abstract = nnx.split(nnx.eval_shape(make))
-    shardings = param_shardings(abstract, self.mesh, self.rules)
-    return jax.jit(lambda: nnx.split(make())[1], out_shardings=shardings)()
+    return self._init_params(make)[1]
 
   def init_state(self):
     """The TrainState, from the current policy params; its shardings decided shape-first."""

@@ -13,6 +13,7 @@ from tqdm import tqdm
 from jaxrl_llm.models.sharding import make_mesh
 from jaxrl_llm.rewards import score
 from jaxrl_llm.train import dynamic, perf
+from jaxrl_llm.train import step as step_lib
 from jaxrl_llm.train.config import ConfigError, TrainConfig, validate
 from jaxrl_llm.train.learner import Learner
 from jaxrl_llm.train.metrics import MetricsWriter, to_python
@@ -157,14 +158,6 @@ def _refill(learner, task, stream, cfg, key, step, prompt, out, scores):
   return Batch(*learner.shard_batch(tuple(batch))), stats
 
 
-def _reduce(update_metrics: dict) -> dict:
-  out = {}
-  for k, v in update_metrics.items():
-    v = np.asarray(v)
-    out[k] = float(v.min() if k.endswith("_min") else v.max() if k.endswith("_max") else v.mean())
-  return out
-
-
 def train(cfg: TrainConfig, devices=None, task: Task | None = None) -> dict:
   """Runs the configured job; returns a summary with the held-out accuracies.
 
@@ -223,7 +216,7 @@ def train(cfg: TrainConfig, devices=None, task: Task | None = None) -> dict:
       (update_metrics, exp_metrics, opt.notfinite_count, opt.total_notfinite)
     )
     elapsed = time.perf_counter() - start
-    metrics = stats | _reduce(update_metrics) | to_python(exp_metrics)
+    metrics = stats | to_python(step_lib.reduce_metrics(update_metrics)) | to_python(exp_metrics)
     metrics |= {
       "learning_rate": lr_fn(step),
       "step_time_s": elapsed,

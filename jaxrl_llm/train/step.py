@@ -188,10 +188,12 @@ def _accumulate(objective, params, micro_exps, denominator, *extra):
 
   zero = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, params))
   (loss, grads), metrics = jax.lax.scan(one, zero, micro_exps)
-  return loss, grads, _reduce_metrics(metrics)
+  return loss, grads, reduce_metrics(metrics)
 
 
-def _reduce_metrics(stacked: dict) -> dict:
+def reduce_metrics(stacked: dict) -> dict:
+  """Per-minibatch metrics to one value each: min of *_min, max of *_max, mean of the rest."""
+
   def reduce(key, x):
     if key.endswith("_min"):
       return x.min(0)

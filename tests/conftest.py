@@ -1,9 +1,19 @@
-"""Test setup: 8 fake CPU devices, set before JAX initialises its backend."""
+"""Test setup: 8 fake CPU devices, set before JAX initialises its backend, and a
+persistent compilation cache shared by the test processes and the runs they start."""
+
+import os
+import tempfile
 
 import jax
 
+CACHE = os.environ.setdefault(
+  "JAX_COMPILATION_CACHE_DIR", os.path.join(tempfile.gettempdir(), "jaxrl_llm_test_cache")
+)
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 jax.config.update("jax_num_cpu_devices", 8)
 jax.config.update("jax_platforms", "cpu")
+jax.config.update("jax_compilation_cache_dir", CACHE)
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 
 import pytest  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402

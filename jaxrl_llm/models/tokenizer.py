@@ -154,6 +154,29 @@ class CharTokenizer:
     """No roles in a character vocabulary: the messages' contents, concatenated."""
     return "".join(m["content"] for m in messages)
 
+  def save(self, path) -> Path:
+    """Writes the same vocabulary as a Hugging Face fast tokenizer (`tokenizer.json` and
+    `tokenizer_config.json`), which `HFTokenizer.from_dir` and transformers' AutoTokenizer
+    read: one token per character, the specials marked special."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    vocab = {t: i for i, t in enumerate(self.specials)} | self._ids
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token=None))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Split(
+      tokenizers.Regex(r"[\s\S]"), behavior="isolated"
+    )
+    tok.decoder = tokenizers.decoders.Fuse()
+    tok.add_special_tokens(list(self.specials))
+    tok.save(str(path / "tokenizer.json"))
+    names = dict(zip(("pad_token", "eos_token", "bos_token"), self.specials, strict=False))
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 4096} | names
+    (path / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return path
+
+  def describe(self) -> dict:
+    """What rebuilds this tokenizer (stored with checkpoints)."""
+    return {"kind": "char", "alphabet": self.alphabet, "with_bos": self.bos_id is not None}
+
 
 def load_tokenizer(path) -> HFTokenizer:
   """The tokenizer of a local Hugging Face model directory."""

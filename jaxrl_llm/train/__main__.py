@@ -1,9 +1,11 @@
 """python -m jaxrl_llm.train --config experiments/<name>.py [--config.<key>=<value> ...]"""
 
+import sys
+
 from absl import app, logging
 from ml_collections import config_flags
 
-from jaxrl_llm.train.config import from_config_dict
+from jaxrl_llm.train.config import ConfigError, from_config_dict
 from jaxrl_llm.train.loop import train
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -14,8 +16,14 @@ _CONFIG = config_flags.DEFINE_config_file(
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)  # JAX's backend probing is not news
-  summary = train(from_config_dict(_CONFIG.value))
+  try:
+    summary = train(from_config_dict(_CONFIG.value))
+  except ConfigError as e:
+    sys.exit(f"config error: {e}")
   print(f"metrics: {summary['metrics']}")
+  if summary["preempted"]:
+    print(f"preempted: saved step {summary['preempted']}; run the same command to resume.")
+    return
   print(
     f"heldout_accuracy before={summary['heldout_accuracy_before']:.3f} "
     f"after={summary['heldout_accuracy_after']:.3f}"

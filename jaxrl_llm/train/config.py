@@ -153,6 +153,22 @@ class RunSection:
 
 
 @dataclasses.dataclass(frozen=True)
+class CheckpointSection:
+  """Orbax checkpoints under `directory` (default <run.workdir>/checkpoints; gs:// works).
+
+  A run saves after step 0 (the warm-started policy), every `every` steps, at the end,
+  and when it gets SIGTERM or SIGINT; re-running the same command resumes from the
+  newest good step. `fresh`: move existing checkpoints and metrics aside and start over.
+  """
+
+  every: int = 100  # 0: no checkpoints (and no resume)
+  keep: int = 3  # the newest steps kept; the rest are deleted once a newer one is written
+  async_save: bool = True  # write files in the background while training goes on
+  fresh: bool = False
+  directory: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
 class TrainConfig:
   model: ModelSection = ModelSection()
   task: TaskSection = TaskSection()
@@ -163,6 +179,7 @@ class TrainConfig:
   warmstart: WarmstartSection = WarmstartSection()
   mesh: MeshSection = MeshSection()
   run: RunSection = RunSection()
+  checkpoint: CheckpointSection = CheckpointSection()
 
   @property
   def batch_size(self) -> int:
@@ -318,6 +335,12 @@ def validate(cfg: TrainConfig, num_devices: int | None = None) -> None:
     minibatch % a.micro_batches == 0,
     f"config.algo.micro_batches={a.micro_batches} must divide the minibatch of {minibatch} "
     "sequences.",
+  )
+  _check(cfg.checkpoint.every >= 0, "config.checkpoint.every must be >= 0 (0: no checkpoints).")
+  _check(
+    cfg.checkpoint.keep >= 2,
+    "config.checkpoint.keep must be >= 2, so that a damaged newest step can fall back to "
+    "the one before it.",
   )
   _check(
     cfg.optim.schedule in ("constant", "cosine"),

@@ -96,16 +96,35 @@ class Learner:
     )
     return self._init_params(make)[1]
 
+  def _state_init(self):
+    return functools.partial(
+      state_lib.init_train_state, self.cfg, optimizers=self.optimizers, seed=self.cfg.run.seed
+    )
+
+  def _shardings(self, abstract):
+    return state_lib.state_shardings(abstract, self.mesh, self.optimizers, self.rules)
+
   def init_state(self):
     """The TrainState, from the current policy params; its shardings decided shape-first."""
     critic = self.critic_from_policy(self.policy) if self.cfg.uses_critic else None
-    init = functools.partial(
-      state_lib.init_train_state, self.cfg, optimizers=self.optimizers, seed=self.cfg.run.seed
-    )
-    abstract = jax.eval_shape(init, self.policy, critic)
-    shardings = state_lib.state_shardings(abstract, self.mesh, self.optimizers, self.rules)
+    init = self._state_init()
+    shardings = self._shardings(jax.eval_shape(init, self.policy, critic))
     self.state = jax.jit(init, out_shardings=shardings)(self.policy, critic)
     return self.state
+
+  def state_target(self):
+    """The TrainState as ShapeDtypeStructs carrying this mesh's shardings: what a
+    checkpoint restores onto. Nothing is computed."""
+    critic = None
+    if self.cfg.uses_critic:
+      critic = nnx.split(nnx.eval_shape(lambda: ValueModel(self.model_cfg, rngs=nnx.Rngs(0))))[1]
+    abstract = jax.eval_shape(self._state_init(), self.policy, critic)
+    shardings = self._shardings(abstract)
+    return jax.tree.map(
+      lambda s, a: jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), a),
+      shardings,
+      abstract,
+    )
 
   def shard_batch(self, tree):
     return jax.tree.map(

@@ -3,15 +3,22 @@
 summary = train(from_config_dict(get_config()))
 """
 
+import datetime
+import logging
+import signal
+import threading
 import time
 from pathlib import Path
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 from tqdm import tqdm
 
+from jaxrl_llm.models.config import to_hf_config
 from jaxrl_llm.models.sharding import make_mesh
 from jaxrl_llm.rewards import score
+from jaxrl_llm.train import checkpoint as checkpoint_lib
 from jaxrl_llm.train import dynamic, perf
 from jaxrl_llm.train import step as step_lib
 from jaxrl_llm.train.config import ConfigError, TrainConfig, validate
@@ -20,6 +27,8 @@ from jaxrl_llm.train.metrics import MetricsWriter, to_python
 from jaxrl_llm.train.sft import warm_start
 from jaxrl_llm.train.step import Batch
 from jaxrl_llm.train.task import Task
+
+log = logging.getLogger(__name__)
 
 
 class TrainingDiverged(RuntimeError):
@@ -158,11 +167,95 @@ def _refill(learner, task, stream, cfg, key, step, prompt, out, scores):
   return Batch(*learner.shard_batch(tuple(batch))), stats
 
 
+class Preemption:
+  """While active, the first SIGTERM or SIGINT asks the loop to save and stop after the
+  current step; a second SIGINT interrupts at once."""
+
+  SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+  def __init__(self):
+    self.received = None
+    self._previous = {}
+
+  def _handle(self, signum, frame):
+    if self.received is not None and signum == signal.SIGINT:
+      raise KeyboardInterrupt
+    self.received = signal.Signals(signum).name
+    log.warning("received %s: saving after the current step, then exiting.", self.received)
+
+  def __enter__(self):
+    if threading.current_thread() is threading.main_thread():
+      self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+    return self
+
+  def __exit__(self, *exc):
+    for s, handler in self._previous.items():
+      signal.signal(s, handler)
+
+  def requested(self) -> bool:
+    """Whether any process got a signal (all processes must agree to stop together)."""
+    flag = self.received is not None
+    if jax.process_count() > 1:
+      flag = bool(np.any(multihost_utils.process_allgather(np.array(flag))))
+    return flag
+
+
+def _set_aside_previous_run(workdir: Path, checkpoints) -> None:
+  """Moves an earlier run's checkpoints, metrics and TensorBoard files into
+  `<workdir>/previous/<time>/`, so a fresh start loses nothing."""
+  old = [p for p in (workdir / "metrics.jsonl", workdir / "tb") if p.exists()]
+  has_checkpoints = checkpoints is not None and checkpoints.exists()
+  if jax.process_index() != 0 or not (old or has_checkpoints):
+    return
+  stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%S")
+  aside = workdir / "previous" / stamp
+  aside.mkdir(parents=True)
+  for path in old:
+    path.rename(aside / path.name)
+  if has_checkpoints:  # remote (gs://) checkpoints stay in their bucket, renamed
+    remote = "://" in str(checkpoints)
+    target = checkpoints.parent / f"{checkpoints.name}-{stamp}" if remote else aside / "checkpoints"
+    checkpoints.rename(target)
+  log.warning("starting fresh; the previous run's files are in %s", aside)
+
+
+def _meta(cfg, learner, task, stream_state, before) -> dict:
+  """What a checkpoint stores besides the state: enough to resume, and to export."""
+  tok = task.tokenizer
+  describe = getattr(tok, "describe", None)
+  tokenizer = {"kind": "hf", "path": cfg.model.path} if cfg.model.path else None
+  return {
+    "stream": stream_state,
+    "heldout_accuracy_before": before,
+    "model_config": to_hf_config(learner.model_cfg),
+    "tokenizer": tokenizer or (describe() if describe else {"kind": "custom"}),
+  }
+
+
+def _resume(cfg, learner, mesh):
+  """The checkpointer (None when disabled) and the restored step, if any."""
+  if not cfg.checkpoint.every:
+    return None, None
+  ckpt = checkpoint_lib.Checkpointer(cfg)
+  if cfg.checkpoint.fresh:
+    ckpt.close()
+    _set_aside_previous_run(Path(cfg.run.workdir), ckpt.directory)
+    return checkpoint_lib.Checkpointer(cfg), None
+  restored = ckpt.restore_latest(learner.state_target())
+  if restored is not None:
+    log.warning(
+      "resuming from step %d of %s (mesh %s)", restored.step, ckpt.directory, dict(mesh.shape)
+    )
+  return ckpt, restored
+
+
 def train(cfg: TrainConfig, devices=None, task: Task | None = None) -> dict:
   """Runs the configured job; returns a summary with the held-out accuracies.
 
-  `devices` restricts the mesh (default: all); `task` replaces the configured one
-  (its prompts, tokenizer and reward functions).
+  With checkpoints on (config.checkpoint.every > 0) it resumes from the newest good
+  checkpoint of the run directory, and SIGTERM/SIGINT save and stop it early (the
+  summary then has `preempted`). `devices` restricts the mesh (default: all); `task`
+  replaces the configured one (its prompts, tokenizer and reward functions).
   """
   mesh = make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor, devices)
   validate(cfg, num_devices=mesh.size)
@@ -176,66 +269,107 @@ def train(cfg: TrainConfig, devices=None, task: Task | None = None) -> dict:
       f"the tokenizer has {tok.vocab_size} tokens but the model's vocabulary "
       f"only {learner.model_cfg.vocab_size}; use the checkpoint's own tokenizer."
     )
-  writer = MetricsWriter(cfg.run.workdir, cfg.run.tensorboard)
   test = task.spec.examples("test", cfg.run.eval_examples, seed=cfg.run.seed + 1)
-  summary = {"workdir": str(Path(cfg.run.workdir).resolve())}
-  if cfg.warmstart.steps:
-    losses = _warm_start(learner, task, cfg, show)
-    summary["warmstart_loss"] = float(losses[-10:].mean())
-  learner.init_state()
-  summary["heldout_accuracy_before"] = evaluate(learner, task, test, cfg.run.eval_batch_size)
+  summary = {"workdir": str(Path(cfg.run.workdir).resolve()), "preempted": False}
   stream = PromptStream(
     task.spec.examples("train", cfg.task.train_examples, cfg.run.seed),
     cfg.rollout.prompts_per_step,
     cfg.run.seed,
   )
+  ckpt, restored = _resume(cfg, learner, mesh)
+  if restored is None:
+    if ckpt is None:
+      _set_aside_previous_run(Path(cfg.run.workdir), None)
+    if cfg.warmstart.steps:
+      losses = _warm_start(learner, task, cfg, show)
+      summary["warmstart_loss"] = float(losses[-10:].mean())
+    learner.init_state()
+    before = evaluate(learner, task, test, cfg.run.eval_batch_size)
+    first = 0
+    if ckpt is not None:  # the warm-started policy: a resumed run never repeats the warm start
+      ckpt.save(0, learner.state, _meta(cfg, learner, task, stream.state(), before))
+  else:
+    learner.state, first = restored.state, restored.step
+    before = restored.meta["heldout_accuracy_before"]
+    stream.restore(restored.meta["stream"])
+  summary["heldout_accuracy_before"] = before
+  summary["resumed_from"] = None if restored is None else restored.step
+  writer = MetricsWriter(cfg.run.workdir, cfg.run.tensorboard, start_step=first)
   key = jax.random.key(cfg.run.seed)
   flops_per_step = perf.iteration_flops(learner, cfg)
   peak = perf.peak_flops(cfg, mesh)
   lr_fn = perf.learning_rate_fn(cfg)
-  examples = stream.next()
-  prompt, out = _rollout(learner, task, examples, cfg, jax.random.fold_in(key, 0))
+  if first < cfg.run.steps:
+    examples = stream.next()
+    prompt, out = _rollout(learner, task, examples, cfg, jax.random.fold_in(key, first))
   bar = tqdm(
-    range(cfg.run.steps), desc=f"{cfg.algo.estimator}/{cfg.algo.policy_loss}", disable=not show
+    range(first, cfg.run.steps),
+    initial=first,
+    total=cfg.run.steps,
+    desc=f"{cfg.algo.estimator}/{cfg.algo.policy_loss}",
+    disable=not show,
   )
-  for step in bar:
-    start = time.perf_counter()
-    scores, stats = _score(task, examples, out, cfg)
-    if cfg.rollout.dynamic_sampling:
-      batch, dynamic_stats = _refill(learner, task, stream, cfg, key, step, prompt, out, scores)
-      stats |= dynamic_stats
-    else:
-      batch = Batch(*prompt, out.tokens_BxN, out.mask_BxN, learner.shard_batch(scores))
-    exp, exp_metrics = learner.experience(batch)
-    update_metrics = learner.update(exp)
-    if step + 1 < cfg.run.steps:  # dispatch the next rollout before reading this step's metrics
-      examples = stream.next()
-      prompt, out = _rollout(learner, task, examples, cfg, jax.random.fold_in(key, step + 1))
-    opt = learner.state.policy_opt
-    update_metrics, exp_metrics, notfinite, skipped = jax.device_get(
-      (update_metrics, exp_metrics, opt.notfinite_count, opt.total_notfinite)
-    )
-    elapsed = time.perf_counter() - start
-    metrics = stats | to_python(step_lib.reduce_metrics(update_metrics)) | to_python(exp_metrics)
-    metrics |= {
-      "learning_rate": lr_fn(step),
-      "step_time_s": elapsed,
-      "tokens_per_s": perf.tokens_per_step(cfg) / elapsed,
-      "mfu": flops_per_step / elapsed / peak,
-      "skipped_updates": int(skipped),
-    }
-    writer.write(step + 1, metrics)
-    bar.set_postfix(reward=f"{metrics['reward_mean']:.3f}", acc=f"{metrics['accuracy']:.2f}")
-    if notfinite >= cfg.optim.max_consecutive_skips:
-      writer.close()
-      raise TrainingDiverged(
-        f"step {step + 1}: {int(notfinite)} consecutive updates had a NaN or Inf loss or "
-        f"gradient and were skipped (config.optim.max_consecutive_skips="
-        f"{cfg.optim.max_consecutive_skips}). Lower config.optim.learning_rate, check the "
-        f"reward functions, or raise the limit. Metrics so far: {writer.path}"
+  with Preemption() as preemption:
+    for step in bar:
+      start = time.perf_counter()
+      scores, stats = _score(task, examples, out, cfg)
+      if cfg.rollout.dynamic_sampling:
+        batch, dynamic_stats = _refill(learner, task, stream, cfg, key, step, prompt, out, scores)
+        stats |= dynamic_stats
+      else:
+        batch = Batch(*prompt, out.tokens_BxN, out.mask_BxN, learner.shard_batch(scores))
+      exp, exp_metrics = learner.experience(batch)
+      update_metrics = learner.update(exp)
+      stream_state = stream.state()  # before the next step's prompts are drawn
+      if step + 1 < cfg.run.steps:  # dispatch the next rollout before reading this step's metrics
+        examples = stream.next()
+        prompt, out = _rollout(learner, task, examples, cfg, jax.random.fold_in(key, step + 1))
+      opt = learner.state.policy_opt
+      update_metrics, exp_metrics, notfinite, skipped = jax.device_get(
+        (update_metrics, exp_metrics, opt.notfinite_count, opt.total_notfinite)
       )
+      elapsed = time.perf_counter() - start
+      metrics = stats | to_python(step_lib.reduce_metrics(update_metrics)) | to_python(exp_metrics)
+      metrics |= {
+        "learning_rate": lr_fn(step),
+        "step_time_s": elapsed,
+        "tokens_per_s": perf.tokens_per_step(cfg) / elapsed,
+        "mfu": flops_per_step / elapsed / peak,
+        "skipped_updates": int(skipped),
+      }
+      writer.write(step + 1, metrics)
+      bar.set_postfix(reward=f"{metrics['reward_mean']:.3f}", acc=f"{metrics['accuracy']:.2f}")
+      if notfinite >= cfg.optim.max_consecutive_skips:
+        writer.close()
+        if ckpt is not None:
+          ckpt.close()
+        raise TrainingDiverged(
+          f"step {step + 1}: {int(notfinite)} consecutive updates had a NaN or Inf loss or "
+          f"gradient and were skipped (config.optim.max_consecutive_skips="
+          f"{cfg.optim.max_consecutive_skips}). Lower config.optim.learning_rate, check the "
+          f"reward functions, or raise the limit. Metrics so far: {writer.path}"
+        )
+      stop = preemption.requested() if ckpt is not None else False
+      done = step + 1
+      if ckpt is not None and (done % cfg.checkpoint.every == 0 or done == cfg.run.steps or stop):
+        ckpt.save(done, learner.state, _meta(cfg, learner, task, stream_state, before))
+      if stop:
+        ckpt.wait()
+        log.warning(
+          "%s: saved step %d to %s; exiting. Re-run the same command to resume.",
+          preemption.received or "a signal on another process",
+          done,
+          ckpt.directory,
+        )
+        summary["preempted"] = done
+        break
+  bar.close()
   writer.close()
-  summary["heldout_accuracy_after"] = evaluate(learner, task, test, cfg.run.eval_batch_size)
+  if ckpt is not None:
+    ckpt.wait()
+    ckpt.close()
   summary["metrics"] = str(writer.path)
   summary["learner"] = learner
+  if not summary["preempted"]:
+    summary["heldout_accuracy_after"] = evaluate(learner, task, test, cfg.run.eval_batch_size)
   return summary

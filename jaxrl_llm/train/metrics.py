@@ -13,21 +13,39 @@ def to_python(metrics: dict) -> dict:
   return {k: float(np.asarray(v)) for k, v in metrics.items()}
 
 
+def _step(line: str) -> float:
+  """A row's step; a torn row (the process died mid-write) counts as after every step."""
+  try:
+    return json.loads(line)["step"]
+  except (json.JSONDecodeError, KeyError, TypeError):
+    return math.inf
+
+
 class MetricsWriter:
   """Appends one JSON object per step to `<workdir>/metrics.jsonl`, and mirrors scalars to
   TensorBoard under `<workdir>/tb` when enabled."""
 
-  def __init__(self, workdir, tensorboard: bool = True):
+  def __init__(self, workdir, tensorboard: bool = True, start_step: int = 0):
     self.workdir = Path(workdir)
     self.enabled = jax.process_index() == 0
     self.path = self.workdir / "metrics.jsonl"
     self._tb = None
     if self.enabled:
       self.workdir.mkdir(parents=True, exist_ok=True)
+      self._truncate(start_step)
       if tensorboard:
         from tensorboardX import SummaryWriter
 
         self._tb = SummaryWriter(str(self.workdir / "tb"))
+
+  def _truncate(self, start_step: int) -> None:
+    """Keeps the rows of steps up to `start_step`: a resumed run recomputes the rest."""
+    if not self.path.exists():
+      return
+    kept = [line for line in self.path.read_text().splitlines() if _step(line) <= start_step]
+    tmp = self.path.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(line + "\n" for line in kept))
+    tmp.replace(self.path)
 
   def write(self, step: int, metrics: dict) -> None:
     if not self.enabled:

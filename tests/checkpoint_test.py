@@ -1,0 +1,223 @@
+"""Checkpoints: exact resume after kill -9, a kill mid-save, corrupt checkpoints, another
+mesh shape, config changes, SIGTERM, and a fresh start."""
+
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from train_test import small_config
+
+from jaxrl_llm.train import ConfigError, train
+from jaxrl_llm.train.checkpoint import config_dict
+
+REPO = Path(__file__).resolve().parents[1]
+INTERRUPTED = REPO / "tests" / "fixtures" / "interrupted_run.py"
+TIMING = ("step_time_s", "tokens_per_s", "mfu")
+N = 2  # checkpoint every N steps; runs are 2N steps
+
+
+def ppo_config(workdir, **overrides):
+  """PPO with an adaptive KL controller and 2 minibatches: every part of the state moves."""
+  settings = {
+    "algo.estimator": "gae",
+    "algo.kl_placement": "reward",
+    "algo.kl_coef": 0.05,
+    "algo.kl_mode": "adaptive",
+    "algo.kl_target": 0.01,
+    "algo.kl_horizon": 100,
+    "algo.num_minibatches": 2,
+    "run.steps": 2 * N,
+    "checkpoint.every": N,
+  }
+  cfg = small_config(workdir, **(settings | overrides))
+  return cfg
+
+
+def params(summary):
+  return jax.device_get(summary["learner"].state)
+
+
+def assert_bitwise_equal(a, b):
+  leaves_a, leaves_b = jax.tree.leaves(a), jax.tree.leaves(b)
+  assert len(leaves_a) == len(leaves_b)
+  for x, y in zip(leaves_a, leaves_b, strict=True):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def metric_rows(workdir):
+  rows = [json.loads(line) for line in (Path(workdir) / "run" / "metrics.jsonl").open()]
+  return [{k: v for k, v in r.items() if k not in TIMING} for r in rows]
+
+
+def run_killed(cfg, mode, step, tmp_path):
+  config = tmp_path / "config.json"
+  config.write_text(json.dumps(config_dict(cfg)))
+  proc = subprocess.run(
+    [sys.executable, str(INTERRUPTED), str(config), mode, str(step)],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=240,
+  )
+  assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+  """An uninterrupted 2N-step run."""
+  workdir = tmp_path_factory.mktemp("reference")
+  summary = train(ppo_config(workdir))
+  return workdir, summary
+
+
+def test_kill_9_then_resume_equals_uninterrupted_run(reference, tmp_path):
+  ref_dir, ref = reference
+  cfg = ppo_config(tmp_path)
+  run_killed(cfg, "after-step", N + 1, tmp_path)  # dies after step N+1, last checkpoint N
+  assert len(metric_rows(tmp_path)) == N + 1
+  resumed = train(cfg)
+  assert resumed["resumed_from"] == N
+  state = params(resumed)
+  assert_bitwise_equal(state, params(ref))
+  assert float(state.kl.coef) != cfg.algo.kl_coef  # the adaptive controller moved and came back
+  assert metric_rows(tmp_path) == metric_rows(ref_dir)  # rows N+1..2N recomputed, equal
+  assert resumed["heldout_accuracy_before"] == ref["heldout_accuracy_before"]
+  assert resumed["heldout_accuracy_after"] == ref["heldout_accuracy_after"]
+
+
+def test_kill_during_save_leaves_previous_checkpoint(reference, tmp_path):
+  _, ref = reference
+  cfg = ppo_config(tmp_path)
+  run_killed(cfg, "during-save", 2 * N, tmp_path)
+  checkpoints = tmp_path / "run" / "checkpoints"
+  leftovers = [p.name for p in checkpoints.iterdir() if not p.name.isdigit()]
+  assert leftovers, "the kill should have left an unfinished save behind"
+  assert str(2 * N) not in {p.name for p in checkpoints.iterdir()}
+  resumed = train(cfg)
+  assert resumed["resumed_from"] == N
+  assert_bitwise_equal(params(resumed), params(ref))
+  assert [p.name for p in checkpoints.iterdir() if not p.name.isdigit()] == []
+
+
+def _truncate_arrays(step_dir):
+  files = [p for p in (step_dir / "state").rglob("*") if p.is_file() and p.stat().st_size > 64]
+  assert files
+  for p in files:
+    p.write_bytes(p.read_bytes()[: p.stat().st_size // 2])
+
+
+def _garble_metadata(step_dir):
+  (step_dir / "meta" / "metadata").write_text("{not json")
+
+
+def _flip_array_bytes(step_dir):
+  files = [p for p in (step_dir / "state").rglob("*") if p.is_file() and "/d/" in str(p)]
+  assert files
+  for p in files:
+    data = bytearray(p.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    p.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("damage", [_truncate_arrays, _garble_metadata, _flip_array_bytes])
+def test_corrupt_latest_checkpoint_falls_back_to_previous(reference, tmp_path, damage, caplog):
+  ref_dir, ref = reference
+  shutil.copytree(ref_dir / "run", tmp_path / "run")
+  checkpoints = tmp_path / "run" / "checkpoints"
+  damage(checkpoints / str(2 * N))
+  with caplog.at_level(logging.WARNING):
+    resumed = train(ppo_config(tmp_path))
+  assert f"checkpoint step {2 * N}" in caplog.text and "unusable" in caplog.text
+  assert resumed["resumed_from"] == N
+  assert_bitwise_equal(params(resumed), params(ref))  # steps N+1..2N done again, the same
+  aside = list((tmp_path / "run" / "corrupt_checkpoints").iterdir())
+  assert [p.name.split("-")[0] for p in aside] == [str(2 * N)]  # kept, not deleted
+
+
+def test_restore_onto_another_mesh_shape(tmp_path):
+  cfg8 = small_config(tmp_path, **{"mesh.data": 4, "mesh.fsdp": 2, "checkpoint.every": 1})
+  saved8 = params(train(cfg8))
+  cfg1 = small_config(tmp_path, **{"checkpoint.every": 1})
+  one = train(cfg1, devices=jax.devices()[:1])
+  assert one["resumed_from"] == 1 and one["learner"].mesh.size == 1
+  assert_bitwise_equal(params(one), saved8)
+
+  other = tmp_path / "other"
+  cfg1 = small_config(other, **{"checkpoint.every": 1})
+  saved1 = params(train(cfg1, devices=jax.devices()[:1]))
+  cfg8 = small_config(other, **{"mesh.data": 4, "mesh.fsdp": 2, "checkpoint.every": 1})
+  eight = train(cfg8)
+  assert eight["resumed_from"] == 1
+  assert_bitwise_equal(params(eight), saved1)
+  embed = eight["learner"].state.policy["decoder"]["embed_VxD"].value
+  assert embed.sharding.mesh.shape == {"data": 4, "fsdp": 2, "tensor": 1}
+  assert len(embed.addressable_shards) == 8
+
+
+def test_resume_with_incompatible_config_names_the_difference(tmp_path):
+  train(small_config(tmp_path, **{"checkpoint.every": 1}))
+  changed = small_config(tmp_path, **{"checkpoint.every": 1, "model.hidden_size": 16})
+  with pytest.raises(ConfigError, match=r"model.hidden_size: 32 -> 16") as err:
+    train(changed)
+  assert "checkpoint.fresh=True" in str(err.value)
+  # Settings that do not change the math may differ: more steps continue the run.
+  longer = train(small_config(tmp_path, **{"checkpoint.every": 1, "run.steps": 2}))
+  assert longer["resumed_from"] == 1
+
+
+def test_fresh_flag_sets_the_old_run_aside(tmp_path):
+  train(small_config(tmp_path, **{"checkpoint.every": 1}))
+  again = train(small_config(tmp_path, **{"checkpoint.every": 1, "checkpoint.fresh": True}))
+  assert again["resumed_from"] is None
+  (previous,) = (tmp_path / "run" / "previous").iterdir()
+  assert sorted(p.name for p in previous.iterdir()) == ["checkpoints", "metrics.jsonl"]
+  assert [p.name for p in (previous / "checkpoints").iterdir()] == ["0", "1"]
+
+
+def test_sigterm_saves_after_the_step_and_exits_0(tmp_path):
+  workdir = tmp_path / "run"
+  flags = {
+    "model.hidden_size": 32,
+    "model.intermediate_size": 64,
+    "model.num_layers": 1,
+    "rollout.prompts_per_step": 8,
+    "rollout.group_size": 4,
+    "warmstart.steps": 0,
+    "run.steps": 100000,
+    "run.eval_examples": 16,
+    "run.eval_batch_size": 16,
+    "run.progress": False,
+    "run.tensorboard": False,
+    "run.workdir": str(workdir),
+    "checkpoint.every": 100000,
+  }
+  command = [sys.executable, "-m", "jaxrl_llm.train", "--config", "experiments/default.py"]
+  command += [f"--config.{k}={v}" for k, v in flags.items()]
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  proc = subprocess.Popen(
+    command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+  )
+  try:
+    metrics = workdir / "metrics.jsonl"
+    deadline = time.monotonic() + 180
+    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):
+      assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read().decode()
+      time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+  finally:
+    proc.kill()
+  assert proc.returncode == 0, err.decode()[-3000:]
+  steps = len(metrics.read_text().splitlines())
+  assert f"preempted: saved step {steps};" in out.decode()
+  assert "received SIGTERM" in err.decode()
+  assert str(steps) in [p.name for p in (workdir / "checkpoints").iterdir()]

@@ -179,7 +179,11 @@ def test_fresh_flag_sets_the_old_run_aside(tmp_path):
   again = train(small_config(tmp_path, **{"checkpoint.every": 1, "checkpoint.fresh": True}))
   assert again["resumed_from"] is None
   (previous,) = (tmp_path / "run" / "previous").iterdir()
-  assert sorted(p.name for p in previous.iterdir()) == ["checkpoints", "metrics.jsonl"]
+  assert sorted(p.name for p in previous.iterdir()) == [
+    "checkpoints",
+    "metrics.jsonl",
+    "summary.json",
+  ]
   assert [p.name for p in (previous / "checkpoints").iterdir()] == ["0", "1"]
 
 

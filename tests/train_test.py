@@ -72,7 +72,7 @@ def _one_batch(learner, cfg, seed=0):
   task = OnesTask(cfg)  # rewards that vary within groups, so advantages are not all zero
   examples = task.spec.examples("train", cfg.rollout.prompts_per_step, seed)
   prompt, out = loop_lib._rollout(learner, task, examples, cfg, jax.random.key(seed))
-  scores, _ = loop_lib._score(task, examples, out, cfg)
+  scores, _, _ = loop_lib._score(learner, task, examples, out, cfg)
   return step_lib.Batch(*prompt, out.tokens_BxN, out.mask_BxN, learner.shard_batch(scores))
 
 

@@ -2,9 +2,11 @@
 
 import sys
 
+import jax
 from absl import app, logging
 from ml_collections import config_flags
 
+from jaxrl_llm.train import distributed
 from jaxrl_llm.train.config import ConfigError, from_config_dict
 from jaxrl_llm.train.loop import train
 
@@ -17,9 +19,16 @@ def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)  # JAX's backend probing is not news
   try:
-    summary = train(from_config_dict(_CONFIG.value))
+    cfg = from_config_dict(_CONFIG.value)
   except ConfigError as e:
     sys.exit(f"config error: {e}")
+  distributed.initialize(cfg.distributed)  # before anything touches the devices
+  try:
+    summary = train(cfg)
+  except ConfigError as e:
+    sys.exit(f"config error: {e}")
+  if jax.process_index() != 0:
+    return
   print(f"metrics: {summary['metrics']}")
   if summary["preempted"]:
     print(f"preempted: saved step {summary['preempted']}; run the same command to resume.")

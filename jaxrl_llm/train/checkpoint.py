@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import orbax.checkpoint as ocp
 from etils import epath
 
+from jaxrl_llm.train import hosts
 from jaxrl_llm.train.config import ConfigError, TrainConfig
 
 log = logging.getLogger(__name__)
@@ -37,13 +38,14 @@ RESUMABLE = (
   "run.progress",
   "run.tensorboard",
   "run.eval_batch_size",
+  "run.eval_every",
   "run.peak_flops_per_device",
   "run.workdir",
   "mesh.data",
   "mesh.fsdp",
   "mesh.tensor",
 )
-RESUMABLE_SECTIONS = ("checkpoint",)
+RESUMABLE_SECTIONS = ("checkpoint", "distributed")
 
 
 def config_dict(cfg: TrainConfig) -> dict:
@@ -198,8 +200,10 @@ class Checkpointer:
     """Moves an unusable step out of the manager's view, keeping its files."""
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%S")
     aside = self.directory.parent / "corrupt_checkpoints" / f"{step}-{stamp}"
-    aside.parent.mkdir(parents=True, exist_ok=True)
-    (self.directory / str(step)).rename(aside)
+    if jax.process_index() == 0:
+      aside.parent.mkdir(parents=True, exist_ok=True)
+      (self.directory / str(step)).rename(aside)
+    hosts.barrier(f"set aside checkpoint {step}")
     log.warning(
       "checkpoint step %d in %s is unusable: %s. Moved it to %s and falling back to the "
       "previous step.",

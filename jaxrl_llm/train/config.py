@@ -109,6 +109,7 @@ class AlgoSection:
   critic_lr: float = 1e-3
   cliprange_value: float | None = 0.2
   critic_warmup_steps: int = 0
+  track_kl: bool = False  # keep the reference and log KL to it even when kl_coef is 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,6 +148,7 @@ class RunSection:
   workdir: str = "runs/default"
   eval_examples: int = 256
   eval_batch_size: int = 256
+  eval_every: int = 0  # > 0: held-out greedy accuracy every this many steps (metrics row)
   tensorboard: bool = True
   progress: bool = True
   peak_flops_per_device: float | None = None  # for MFU; None: a known accelerator, or measured
@@ -169,6 +171,19 @@ class CheckpointSection:
 
 
 @dataclasses.dataclass(frozen=True)
+class DistributedSection:
+  """Multi-process start-up (`jax.distributed.initialize`), done by the CLI before anything
+  touches the devices. Empty `coordinator_address`: automatic, which initialises on Cloud
+  TPU pod slices, SLURM jobs of several tasks and Open MPI launches, and does nothing for
+  a lone process. Or give all three, e.g. `10.0.0.1:1234`, 4, and this process's index."""
+
+  coordinator_address: str = ""
+  num_processes: int = 0
+  process_id: int = -1
+  local_device_ids: tuple = ()  # the devices this process uses (GPU clusters); (): all
+
+
+@dataclasses.dataclass(frozen=True)
 class TrainConfig:
   model: ModelSection = ModelSection()
   task: TaskSection = TaskSection()
@@ -180,6 +195,7 @@ class TrainConfig:
   mesh: MeshSection = MeshSection()
   run: RunSection = RunSection()
   checkpoint: CheckpointSection = CheckpointSection()
+  distributed: DistributedSection = DistributedSection()
 
   @property
   def batch_size(self) -> int:
@@ -200,9 +216,9 @@ class TrainConfig:
 
   @property
   def uses_reference(self) -> bool:
-    """A frozen copy of the initial policy is kept for the KL term."""
+    """A frozen copy of the initial policy is kept for the KL term (or to log KL)."""
     a = self.algo
-    return a.kl_coef > 0 or (a.kl_placement == "reward" and a.kl_mode == "adaptive")
+    return a.kl_coef > 0 or (a.kl_placement == "reward" and a.kl_mode == "adaptive") or a.track_kl
 
   @property
   def uses_critic(self) -> bool:
@@ -336,6 +352,13 @@ def validate(cfg: TrainConfig, num_devices: int | None = None) -> None:
     f"config.algo.micro_batches={a.micro_batches} must divide the minibatch of {minibatch} "
     "sequences.",
   )
+  d = cfg.distributed
+  _check(
+    not d.coordinator_address or (d.num_processes >= 1 and 0 <= d.process_id < d.num_processes),
+    "config.distributed.coordinator_address is set, so config.distributed.num_processes "
+    "(>= 1) and config.distributed.process_id (0 .. num_processes - 1) must be set too.",
+  )
+  _check(cfg.run.eval_every >= 0, "config.run.eval_every must be >= 0 (0: no evaluation).")
   _check(cfg.checkpoint.every >= 0, "config.checkpoint.every must be >= 0 (0: no checkpoints).")
   _check(
     cfg.checkpoint.keep >= 2,

@@ -9,8 +9,9 @@ from flax import nnx
 from jax.sharding import NamedSharding
 
 from jaxrl_llm.models import CausalLM, ModelConfig, ValueModel, load_model
-from jaxrl_llm.models.sharding import DEFAULT_RULES, ShardingRules, batch_sharding, param_shardings
+from jaxrl_llm.models.sharding import DEFAULT_RULES, ShardingRules, param_shardings
 from jaxrl_llm.rollout import SampleOutput, generate
+from jaxrl_llm.train import hosts
 from jaxrl_llm.train import state as state_lib
 from jaxrl_llm.train import step as step_lib
 from jaxrl_llm.train.config import TrainConfig
@@ -127,9 +128,9 @@ class Learner:
     )
 
   def shard_batch(self, tree):
-    return jax.tree.map(
-      lambda x: jax.device_put(np.asarray(x), batch_sharding(self.mesh, np.ndim(x))), tree
-    )
+    """Global batch-sharded arrays from this process's rows (all rows with one process)."""
+    n = jax.process_count()
+    return jax.tree.map(lambda x: hosts.to_global(self.mesh, x, np.shape(x)[0] * n), tree)
 
   def generate(
     self, params, prompt_BxP, mask_BxP, rng, *, num_samples, temperature, max_new_tokens=None

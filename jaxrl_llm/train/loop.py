@@ -4,6 +4,7 @@ summary = train(from_config_dict(get_config()))
 """
 
 import datetime
+import json
 import logging
 import signal
 import threading
@@ -19,7 +20,7 @@ from jaxrl_llm.models.config import to_hf_config
 from jaxrl_llm.models.sharding import make_mesh
 from jaxrl_llm.rewards import score
 from jaxrl_llm.train import checkpoint as checkpoint_lib
-from jaxrl_llm.train import dynamic, perf
+from jaxrl_llm.train import dynamic, hosts, perf
 from jaxrl_llm.train import step as step_lib
 from jaxrl_llm.train.config import ConfigError, TrainConfig, validate
 from jaxrl_llm.train.learner import Learner
@@ -67,13 +68,22 @@ class PromptStream:
     return out
 
 
+def _local_prompts(learner, task, examples):
+  """This process's rows of the prompt batch for `examples` (the global list), padded to
+  the length every process agrees on."""
+  local = examples[hosts.local_rows(learner.mesh, len(examples))]
+  prompt = task.prompts(local)
+  length = hosts.global_max(prompt.tokens_BxP.shape[1])
+  return local, prompt if length == prompt.tokens_BxP.shape[1] else task.prompts(local, length)
+
+
 def evaluate(learner: Learner, task: Task, examples: list[dict], batch_size: int) -> float:
-  """Greedy accuracy (exact match) on `examples`."""
+  """Greedy accuracy (exact match) on `examples`; each process decodes and scores its rows."""
   correct = []
   for start in range(0, len(examples), batch_size):
     chunk = examples[start : start + batch_size]
     padded = chunk + [chunk[-1]] * (batch_size - len(chunk))  # one compiled shape
-    prompt = task.prompts(padded)
+    local, prompt = _local_prompts(learner, task, padded)
     out = learner.generate(
       learner.state.policy if learner.state else learner.policy,
       *learner.shard_batch((prompt.tokens_BxP, prompt.mask_BxP)),
@@ -81,9 +91,9 @@ def evaluate(learner: Learner, task: Task, examples: list[dict], batch_size: int
       num_samples=1,
       temperature=0.0,
     )
-    tokens, mask = jax.device_get((out.tokens_BxN, out.mask_BxN))
-    completions = task.decode(tokens, mask)[: len(chunk)]
-    correct.extend(task.correct(completions, chunk))
+    completions = task.decode(hosts.to_local(out.tokens_BxN), hosts.to_local(out.mask_BxN))
+    flags = hosts.gather(np.asarray(task.correct(completions, local), np.float64))
+    correct.extend(flags[: len(chunk)])
   return float(np.mean(correct))
 
 
@@ -91,7 +101,11 @@ def _warm_start(learner, task, cfg, bar_enabled):
   w = cfg.warmstart
   labelled = task.spec.examples("train", w.examples, seed=cfg.run.seed + 2)
   stream = PromptStream(labelled, w.batch_size, seed=cfg.run.seed + 3)
-  batches = (task.labelled_batch(stream.next(), cfg.rollout.max_new_tokens) for _ in iter(int, 1))
+  rows = hosts.local_rows(learner.mesh, w.batch_size)
+  batches = (
+    jax.tree.map(lambda x: x[rows], task.labelled_batch(stream.next(), cfg.rollout.max_new_tokens))
+    for _ in iter(int, 1)
+  )
   with tqdm(total=w.steps, desc="warm start", disable=not bar_enabled) as bar:
     losses = warm_start(
       learner, batches, steps=w.steps, learning_rate=w.learning_rate, progress=bar
@@ -100,8 +114,9 @@ def _warm_start(learner, task, cfg, bar_enabled):
 
 
 def _rollout(learner, task, examples, cfg, rng):
-  """Samples G completions per prompt; returns the prompts repeated per sample, and the samples."""
-  prompt = task.prompts(examples)
+  """Samples G completions per prompt; returns the prompts repeated per sample (global
+  arrays), and the samples."""
+  _, prompt = _local_prompts(learner, task, examples)
   out = learner.generate(
     learner.state.policy,
     *learner.shard_batch((prompt.tokens_BxP, prompt.mask_BxP)),
@@ -115,10 +130,15 @@ def _rollout(learner, task, examples, cfg, rng):
   ), out
 
 
-def _score(task, examples, out, cfg):
-  tokens, mask, truncated = jax.device_get((out.tokens_BxN, out.mask_BxN, out.truncated_B))
+def _score(learner, task, examples, out, cfg):
+  """Rewards of this process's rows; returns them, every process's (gathered), and the
+  step's statistics over the whole batch."""
+  tokens, mask, truncated = (
+    hosts.to_local(x) for x in (out.tokens_BxN, out.mask_BxN, out.truncated_B)
+  )
+  local = examples[hosts.local_rows(learner.mesh, len(examples))]
   lengths = mask.sum(-1)
-  grouped = [e for e in examples for _ in range(cfg.rollout.group_size)]  # group-major rows
+  grouped = [e for e in local for _ in range(cfg.rollout.group_size)]  # group-major rows
   # What length-based rewards read (see jaxrl_llm/rewards/length.py).
   rows = [
     e | {"completion_tokens": int(n), "truncated": bool(t)}
@@ -126,24 +146,36 @@ def _score(task, examples, out, cfg):
   ]
   completions = task.decode(tokens, mask)
   total, parts = score(task.reward_fns, completions, rows)
+  all_total, lengths, truncated = (hosts.gather(x) for x in (total, lengths, truncated))
+  parts = {k: hosts.gather(v) for k, v in parts.items()}
+  first = parts[next(iter(task.reward_fns))]  # the first reward function decides correctness
+  correct = first >= 1.0  # full credit
   stats = {
-    "reward_mean": float(total.mean()),
-    "reward_std": float(total.std()),
-    "accuracy": float(parts[next(iter(task.reward_fns))].mean()),  # the first decides
+    "reward_mean": float(all_total.mean()),
+    "reward_std": float(all_total.std()),
+    "accuracy": float(first.mean()),
     "response_length_mean": float(lengths.mean()),
     "response_length_max": float(lengths.max()),
+    # Dr. GRPO's length-bias signal; NaN (null in the JSON) when there is no such answer.
+    "response_length_correct": float(lengths[correct].mean()) if correct.any() else np.nan,
+    "response_length_wrong": float(lengths[~correct].mean()) if (~correct).any() else np.nan,
     "truncation_rate": float(truncated.mean()),
   }
   stats |= {f"reward/{k}": float(v.mean()) for k, v in parts.items()}
-  return total, stats
+  return total, all_total, stats
 
 
 def _refill(learner, task, stream, cfg, key, step, prompt, out, scores):
-  """Dynamic sampling: further rollouts until the batch holds enough informative groups."""
+  """Dynamic sampling: further rollouts until the batch holds enough informative groups.
+
+  `scores` are the whole batch's; the rounds are assembled on every host alike, and each
+  process then contributes its rows of the result.
+  """
   G, wanted = cfg.rollout.group_size, cfg.rollout.prompts_per_step
 
   def host_round(prompt, out, scores):
-    return dynamic.Round(*jax.device_get((*prompt, out.tokens_BxN, out.mask_BxN)), scores)
+    arrays = (*prompt, out.tokens_BxN, out.mask_BxN)
+    return dynamic.Round(*(hosts.gather(hosts.to_local(x)) for x in arrays), scores)
 
   rounds = [host_round(prompt, out, scores)]
   zero_variance = 1.0 - float(dynamic.informative_groups(scores, G).mean())
@@ -156,7 +188,7 @@ def _refill(learner, task, stream, cfg, key, step, prompt, out, scores):
     examples = stream.next()
     rng = jax.random.fold_in(jax.random.fold_in(key, step), extra)
     prompt, out = _rollout(learner, task, examples, cfg, rng)
-    rounds.append(host_round(prompt, out, _score(task, examples, out, cfg)[0]))
+    rounds.append(host_round(prompt, out, _score(learner, task, examples, out, cfg)[1]))
   batch = dynamic.assemble(rounds, G, wanted, task.tokenizer.pad_id)
   informative = float(dynamic.informative_groups(batch.scores_B, G).mean())
   stats = {
@@ -164,7 +196,8 @@ def _refill(learner, task, stream, cfg, key, step, prompt, out, scores):
     "dynamic_extra_rounds": extra,
     "informative_group_fraction": informative,
   }
-  return Batch(*learner.shard_batch(tuple(batch))), stats
+  rows = hosts.local_rows(learner.mesh, cfg.batch_size)
+  return Batch(*learner.shard_batch(tuple(x[rows] for x in batch))), stats
 
 
 class Preemption:
@@ -203,7 +236,7 @@ class Preemption:
 def _set_aside_previous_run(workdir: Path, checkpoints) -> None:
   """Moves an earlier run's checkpoints, metrics and TensorBoard files into
   `<workdir>/previous/<time>/`, so a fresh start loses nothing."""
-  old = [p for p in (workdir / "metrics.jsonl", workdir / "tb") if p.exists()]
+  old = [p for p in (workdir / n for n in ("metrics.jsonl", "tb", "summary.json")) if p.exists()]
   has_checkpoints = checkpoints is not None and checkpoints.exists()
   if jax.process_index() != 0 or not (old or has_checkpoints):
     return
@@ -240,6 +273,7 @@ def _resume(cfg, learner, mesh):
   if cfg.checkpoint.fresh:
     ckpt.close()
     _set_aside_previous_run(Path(cfg.run.workdir), ckpt.directory)
+    hosts.barrier("fresh start")
     return checkpoint_lib.Checkpointer(cfg), None
   restored = ckpt.restore_latest(learner.state_target())
   if restored is not None:
@@ -280,6 +314,7 @@ def train(cfg: TrainConfig, devices=None, task: Task | None = None) -> dict:
   if restored is None:
     if ckpt is None:
       _set_aside_previous_run(Path(cfg.run.workdir), None)
+      hosts.barrier("fresh start")
     if cfg.warmstart.steps:
       losses = _warm_start(learner, task, cfg, show)
       summary["warmstart_loss"] = float(losses[-10:].mean())
@@ -312,9 +347,11 @@ def train(cfg: TrainConfig, devices=None, task: Task | None = None) -> dict:
   with Preemption() as preemption:
     for step in bar:
       start = time.perf_counter()
-      scores, stats = _score(task, examples, out, cfg)
+      scores, all_scores, stats = _score(learner, task, examples, out, cfg)
       if cfg.rollout.dynamic_sampling:
-        batch, dynamic_stats = _refill(learner, task, stream, cfg, key, step, prompt, out, scores)
+        batch, dynamic_stats = _refill(
+          learner, task, stream, cfg, key, step, prompt, out, all_scores
+        )
         stats |= dynamic_stats
       else:
         batch = Batch(*prompt, out.tokens_BxN, out.mask_BxN, learner.shard_batch(scores))
@@ -337,6 +374,8 @@ def train(cfg: TrainConfig, devices=None, task: Task | None = None) -> dict:
         "mfu": flops_per_step / elapsed / peak,
         "skipped_updates": int(skipped),
       }
+      if cfg.run.eval_every and (step + 1) % cfg.run.eval_every == 0:
+        metrics["heldout_accuracy"] = evaluate(learner, task, test, cfg.run.eval_batch_size)
       writer.write(step + 1, metrics)
       bar.set_postfix(reward=f"{metrics['reward_mean']:.3f}", acc=f"{metrics['accuracy']:.2f}")
       if notfinite >= cfg.optim.max_consecutive_skips:
@@ -372,4 +411,7 @@ def train(cfg: TrainConfig, devices=None, task: Task | None = None) -> dict:
   summary["learner"] = learner
   if not summary["preempted"]:
     summary["heldout_accuracy_after"] = evaluate(learner, task, test, cfg.run.eval_batch_size)
+    if is_main:  # what a finished run leaves for scripts (the ablation runner reads it)
+      record = {k: v for k, v in summary.items() if k != "learner"} | {"steps": cfg.run.steps}
+      (Path(cfg.run.workdir) / "summary.json").write_text(json.dumps(record, indent=2) + "\n")
   return summary

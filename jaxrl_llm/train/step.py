@@ -150,9 +150,10 @@ def policy_objective(
   if a.entropy_coef:
     loss = loss - a.entropy_coef * agg(ent)
   metrics = metrics | {"pg_loss": pg_loss, "entropy": core.masked_mean(ent, mask)}
-  if cfg.uses_reference:
-    kl_BxN = core.kl_penalty(jax.lax.stop_gradient(logp), exp.ref_logp_BxN, a.kl_estimator)
-    metrics["kl_ref"] = jnp.mean(jnp.sum(jnp.where(mask, kl_BxN, 0.0), axis=-1))
+  if cfg.uses_reference:  # per-sequence KL to the reference: the configured estimator, and k3
+    for name, estimator in (("kl_ref", a.kl_estimator), ("kl_ref_k3", "k3")):
+      kl_BxN = core.kl_penalty(jax.lax.stop_gradient(logp), exp.ref_logp_BxN, estimator)
+      metrics[name] = jnp.mean(jnp.sum(jnp.where(mask, kl_BxN, 0.0), axis=-1))
   return loss, metrics
 
 

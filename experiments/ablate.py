@@ -1,0 +1,416 @@
+"""A seeded ablation grid from one command, and its report (tables and plots).
+
+  python -m experiments.ablate --suite grpo_vs_ppo --seeds 3
+  python -m experiments.ablate --suite grpo_vs_ppo --seeds 1 --smoke --out /tmp/smoke
+
+For each task of the suite the runner warm-starts one policy (supervised, on labelled
+problems) and exports it; every method and seed then starts from that same policy
+(`model.path`). Each run is `python -m jaxrl_llm.train --config
+experiments/ablation/<method>.py` in its own process, under
+`<out>/runs/<task>/<method>/seed<k>/`. The grid is resumable: a run with a
+`summary.json` is done and skipped, a killed run resumes from its checkpoints. When
+the grid is done, `<out>/results.json` collects what the report needs, and
+`<out>/report.md` and its PNG plots are written from it (`--report-only` redoes just
+that).
+"""
+
+import argparse
+import concurrent.futures
+import dataclasses
+import datetime
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+REPO = Path(__file__).resolve().parents[1]
+FINAL_FRACTION = 0.1  # "final" KL, entropy, lengths, clip fraction: the mean over the last 10%
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskSpec:
+  description: str
+  overrides: dict  # config keys that define the task (on top of experiments/ablation/base.py)
+  target: float  # held-out accuracy whose first crossing the report times
+  warm_steps: int = 300
+  warm_examples: int = 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class Suite:
+  description: str
+  methods: tuple[str, ...]
+  tasks: dict[str, TaskSpec]
+  steps: int
+
+
+SUITES = {
+  "grpo_vs_ppo": Suite(
+    description="PPO against GRPO and its descendants on synthetic arithmetic.",
+    methods=("ppo", "grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "gspo"),
+    tasks={
+      "add2": TaskSpec(
+        "2-digit addition, `47+15=` -> `62` (answers of 2-3 characters)",
+        {"task.digits": 2, "task.ops": "+"},
+        target=0.2,
+      ),
+      "add3": TaskSpec(
+        "3-digit addition, `471+158=` -> `629` (harder: answers of 3-4 characters, more carries)",
+        {"task.digits": 3, "task.ops": "+"},
+        target=0.2,
+        warm_steps=1000,
+        warm_examples=2048,
+      ),
+      "addsub": TaskSpec(
+        "2-digit `+` and `-`, `47-85=` -> `-38` (variable-length answers: 1-3 characters)",
+        {"task.digits": 2, "task.ops": "+-"},
+        target=0.2,
+        warm_steps=600,
+        warm_examples=2048,
+      ),
+    },
+    steps=600,
+  ),
+}
+
+SMOKE = {  # 2 steps per method: checks the whole pipeline, measures nothing
+  "run.steps": 2,
+  "run.eval_every": 1,
+  "run.eval_examples": 32,
+  "run.eval_batch_size": 32,
+  "rollout.prompts_per_step": 8,
+  "rollout.group_size": 4,
+  "task.train_examples": 256,
+  "checkpoint.every": 1,
+}
+
+
+def _flags(settings: dict) -> list[str]:
+  return [f"--config.{k}={v}" for k, v in settings.items()]
+
+
+def _env(out: Path) -> dict:
+  """The runs share a persistent compilation cache: seeds 2.. skip XLA compilation."""
+  env = dict(os.environ)
+  env.setdefault("JAX_COMPILATION_CACHE_DIR", str(out / ".jax_cache"))
+  env.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+  return env
+
+
+def _run(command: list[str], log: Path, out: Path) -> None:
+  log.parent.mkdir(parents=True, exist_ok=True)
+  with log.open("a") as f:
+    f.write(f"\n$ {' '.join(command)}\n")
+    f.flush()
+    proc = subprocess.run(command, cwd=REPO, stdout=f, stderr=subprocess.STDOUT, env=_env(out))
+  if proc.returncode != 0:
+    tail = "".join(log.read_text().splitlines(keepends=True)[-25:])
+    raise RuntimeError(f"{' '.join(command[:6])} ... failed ({proc.returncode}); {log}:\n{tail}")
+
+
+def _is_done(workdir: Path, steps: int) -> bool:
+  path = workdir / "summary.json"
+  return path.exists() and json.loads(path.read_text()).get("steps") == steps
+
+
+def warm_start(out: Path, name: str, spec: TaskSpec, smoke: bool) -> Path:
+  """The task's warm-started policy as a Hugging Face directory (made once)."""
+  workdir = out / "runs" / name / "warmstart"
+  hf = workdir / "hf"
+  if (hf / "config.json").exists():
+    return hf
+  settings = spec.overrides | {
+    "warmstart.steps": 5 if smoke else spec.warm_steps,
+    "warmstart.examples": 64 if smoke else spec.warm_examples,
+    "run.steps": 0,
+    "run.eval_examples": SMOKE["run.eval_examples"] if smoke else 256,
+    "run.progress": False,
+    "run.workdir": workdir,
+  }
+  base = [sys.executable, "-m", "jaxrl_llm.train", "--config", "experiments/ablation/base.py"]
+  _run(base + _flags(settings), workdir / "log.txt", out)
+  export = [sys.executable, "-m", "jaxrl_llm.export", "--checkpoint", str(workdir)]
+  _run(export + ["--out", str(hf)], workdir / "log.txt", out)
+  return hf
+
+
+def run_one(out: Path, suite: Suite, task: str, method: str, seed: int, hf: Path, smoke: bool):
+  workdir = out / "runs" / task / method / f"seed{seed}"
+  settings = suite.tasks[task].overrides | {
+    "model.path": hf,
+    "run.seed": seed,
+    "run.steps": suite.steps,
+    "run.progress": False,
+    "run.workdir": workdir,
+  }
+  settings |= SMOKE if smoke else {}
+  if _is_done(workdir, settings["run.steps"]):
+    return
+  base = [sys.executable, "-m", "jaxrl_llm.train", "--config", f"experiments/ablation/{method}.py"]
+  _run(base + _flags(settings), workdir / "log.txt", out)
+
+
+# ----------------------------------------------------------------------------- results
+
+
+def _rows(workdir: Path) -> list[dict]:
+  return [json.loads(line) for line in (workdir / "metrics.jsonl").open()]
+
+
+def _final(rows: list[dict], key: str) -> float | None:
+  tail = rows[-max(1, math.ceil(FINAL_FRACTION * len(rows))) :]
+  values = [r[key] for r in tail if r.get(key) is not None]
+  return float(np.mean(values)) if values else None
+
+
+def _downsample(steps, values, points: int = 60):
+  """Window means, so a curve of thousands of steps stays small in results.json."""
+  if len(steps) <= points:
+    return [int(s) for s in steps], [float(v) for v in values]
+  edges = np.linspace(0, len(steps), points + 1).astype(int)
+  return (
+    [int(steps[b - 1]) for a, b in zip(edges[:-1], edges[1:], strict=True)],
+    [float(np.nanmean(values[a:b])) for a, b in zip(edges[:-1], edges[1:], strict=True)],
+  )
+
+
+def collect_run(workdir: Path, target: float) -> dict:
+  summary = json.loads((workdir / "summary.json").read_text())
+  rows = _rows(workdir)
+  elapsed = np.cumsum([r["step_time_s"] for r in rows])
+  evals = [(int(r["step"]), r["heldout_accuracy"], float(elapsed[i])) for i, r in enumerate(rows)
+           if r.get("heldout_accuracy") is not None]  # fmt: skip
+  reached = next(((s, t) for s, a, t in evals if a >= target), None)
+  steps = np.array([r["step"] for r in rows])
+  lengths = np.array([r["response_length_mean"] for r in rows], float)
+  clip = [
+    {"step": r["step"], "clipfrac": (r.get("clipfrac_low") or 0) + (r.get("clipfrac_high") or 0)}
+    for r in rows
+  ]
+  return {
+    "before": summary["heldout_accuracy_before"],
+    "after": summary["heldout_accuracy_after"],
+    "train_seconds": float(elapsed[-1]) if len(elapsed) else 0.0,
+    "steps_to_target": None if reached is None else reached[0],
+    "seconds_to_target": None if reached is None else reached[1],
+    "eval_curve": [[s, a] for s, a, _ in evals],
+    "length_curve": [list(x) for x in zip(*_downsample(steps, lengths), strict=True)],
+    "final": {
+      "kl": _final(rows, "kl_ref_k3"),
+      "entropy": _final(rows, "entropy"),
+      "length_correct": _final(rows, "response_length_correct"),
+      "length_wrong": _final(rows, "response_length_wrong"),
+      "clipfrac": _final(clip, "clipfrac"),
+      "train_accuracy": _final(rows, "accuracy"),
+    },
+  }
+
+
+def collect(out: Path, suite: Suite, seeds: int) -> dict:
+  runs = {}
+  for task, spec in suite.tasks.items():
+    for method in suite.methods:
+      for seed in range(seeds):
+        workdir = out / "runs" / task / method / f"seed{seed}"
+        runs[f"{task}/{method}/{seed}"] = collect_run(workdir, spec.target)
+  return runs
+
+
+# ----------------------------------------------------------------------------- report
+
+T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
+
+
+def mean_ci(values) -> tuple[float, float | None]:
+  """Mean and the half-width of its 95% Student-t interval (None for one value)."""
+  values = np.asarray([v for v in values if v is not None], float)
+  if len(values) == 0:
+    return math.nan, None
+  if len(values) == 1:
+    return float(values[0]), None
+  t = T_975.get(len(values) - 1, 1.96 + 2.4 / (len(values) - 1))
+  return float(values.mean()), float(t * values.std(ddof=1) / math.sqrt(len(values)))
+
+
+def _fmt(value, digits=3):
+  return (
+    "–"
+    if value is None or (isinstance(value, float) and math.isnan(value))
+    else f"{value:.{digits}f}"
+  )
+
+
+def _machine() -> str:
+  cpu = platform.processor() or platform.machine()
+  try:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+      if line.startswith("model name"):
+        cpu = line.split(":", 1)[1].strip()
+        break
+  except OSError:
+    pass
+  import jax
+
+  return f"{cpu}, {os.cpu_count()} cores, {jax.default_backend()} backend, jax {jax.__version__}"
+
+
+def plot(results: dict, suite: Suite, out: Path) -> list[str]:
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  files = []
+  colors = dict(zip(suite.methods, plt.cm.tab10.colors, strict=False))
+  for task in suite.tasks:
+    for kind, key, ylabel in (
+      ("accuracy", "eval_curve", "held-out greedy accuracy"),
+      ("length", "length_curve", "mean response length (tokens, training samples)"),
+    ):
+      fig, ax = plt.subplots(figsize=(7, 4.2))
+      for method in suite.methods:
+        curves = [v[key] for k, v in results["runs"].items() if k.startswith(f"{task}/{method}/")]
+        if not curves or not curves[0]:
+          continue
+        n = min(len(c) for c in curves)
+        steps = np.array([p[0] for p in curves[0][:n]])
+        values = np.array([[p[1] for p in c[:n]] for c in curves], float)
+        ax.plot(steps, values.mean(0), label=method, color=colors[method])
+        if len(curves) > 1:
+          ax.fill_between(steps, values.min(0), values.max(0), alpha=0.15, color=colors[method])
+      ax.set_xlabel("RL step")
+      ax.set_ylabel(ylabel)
+      ax.set_title(f"{task}: {ylabel} (mean; band: min-max over seeds)", fontsize=10)
+      ax.grid(alpha=0.3)
+      ax.legend(fontsize=8, ncol=2)
+      fig.tight_layout()
+      name = f"{task}_{kind}.png"
+      fig.savefig(out / name, dpi=110)
+      plt.close(fig)
+      files.append(name)
+  return files
+
+
+def report(results: dict, suite: Suite, out: Path) -> Path:
+  plots = plot(results, suite, out)
+  meta = results["meta"]
+  lines = [
+    f"# Ablation `{meta['suite']}`",
+    "",
+    suite.description,
+    "",
+    f"- Command: `{meta['command']}`",
+    f"- Machine: {meta['machine']}",
+    f"- Seeds: {meta['seeds']}; {suite.steps if not meta['smoke'] else SMOKE['run.steps']} "
+    f"RL steps per run; grid wall time {meta['wall_minutes']:.1f} min ({meta['jobs']} runs at a "
+    "time).",
+    f"- Generated {meta['date']} by `experiments/ablate.py` from `results.json`.",
+    "" if not meta["smoke"] else "- **Smoke run**: 2 steps per method; the numbers mean nothing.",
+    "",
+    "Columns: final held-out greedy accuracy (mean ± 95% Student-t interval over seeds; the "
+    "warm-started policy's is in the heading); the first evaluation step at which held-out "
+    "accuracy reached the target, and the training seconds until then (mean over the seeds "
+    "that reached it); then means over the last 10% of steps of: KL to the starting policy "
+    "(k3, summed per sequence), entropy per token, response length of correct and of wrong "
+    "training samples (Dr. GRPO's length-bias signal), and clip fraction.",
+    "",
+  ]
+  for task, spec in suite.tasks.items():
+    before = mean_ci(v["before"] for k, v in results["runs"].items() if k.startswith(task + "/"))
+    lines += [
+      f"## {task}: {spec.description}",
+      "",
+      f"Warm-started policy: held-out accuracy {_fmt(before[0])}. Target: {spec.target}.",
+      "",
+      "| method | final accuracy | steps to target | seconds to target | KL | entropy "
+      "| length correct | length wrong | clip fraction |",
+      "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for method in suite.methods:
+      runs = [v for k, v in results["runs"].items() if k.startswith(f"{task}/{method}/")]
+      acc, ci = mean_ci(r["after"] for r in runs)
+      reached = [r for r in runs if r["steps_to_target"] is not None]
+      steps = mean_ci(r["steps_to_target"] for r in reached)[0] if reached else None
+      secs = mean_ci(r["seconds_to_target"] for r in reached)[0] if reached else None
+      final = {k: mean_ci(r["final"][k] for r in runs)[0] for k in runs[0]["final"]}
+      lines.append(
+        f"| {method} | {_fmt(acc)} ± {_fmt(ci)} "
+        f"| {_fmt(steps, 0)} ({len(reached)}/{len(runs)}) | {_fmt(secs, 1)} "
+        f"| {_fmt(final['kl'])} | {_fmt(final['entropy'])} | {_fmt(final['length_correct'], 2)} "
+        f"| {_fmt(final['length_wrong'], 2)} | {_fmt(final['clipfrac'], 4)} |"
+      )
+    lines += [""] + [f"![{name}]({name})" for name in plots if name.startswith(task + "_")] + [""]
+  path = out / "report.md"
+  path.write_text("\n".join(lines))
+  return path
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def main(argv=None) -> Path:
+  parser = argparse.ArgumentParser(prog="python -m experiments.ablate", description=__doc__)
+  parser.add_argument("--suite", default="grpo_vs_ppo", choices=sorted(SUITES))
+  parser.add_argument("--seeds", type=int, default=3)
+  parser.add_argument("--jobs", type=int, default=2, help="runs at a time (processes)")
+  parser.add_argument("--smoke", action="store_true", help="2 steps per method (CI)")
+  parser.add_argument("--out", type=Path, default=None, help="default experiments/results/<suite>")
+  parser.add_argument("--report-only", action="store_true", help="rewrite the report from results")
+  args = parser.parse_args(argv)
+  if args.seeds < 1 or args.jobs < 1:
+    parser.error("--seeds and --jobs must be >= 1")
+  suite = SUITES[args.suite]
+  out = (args.out or REPO / "experiments" / "results" / args.suite).resolve()
+  out.mkdir(parents=True, exist_ok=True)
+  if args.report_only:
+    results = json.loads((out / "results.json").read_text())
+    print(f"report: {report(results, suite, out)}")
+    return out / "report.md"
+  start = time.monotonic()
+  with tqdm(total=len(suite.tasks), desc="warm starts", unit="task") as bar:
+    policies = {}
+    for name, spec in suite.tasks.items():
+      policies[name] = warm_start(out, name, spec, args.smoke)
+      bar.update()
+  grid = [(t, m, s) for t in suite.tasks for m in suite.methods for s in range(args.seeds)]
+  with (
+    concurrent.futures.ThreadPoolExecutor(args.jobs) as pool,
+    tqdm(total=len(grid), desc=f"{args.suite} grid", unit="run") as bar,
+  ):
+    futures = {
+      pool.submit(run_one, out, suite, t, m, s, policies[t], args.smoke): (t, m, s)
+      for t, m, s in grid
+    }
+    for future in concurrent.futures.as_completed(futures):
+      future.result()  # a failed run stops the grid with its log's tail
+      t, m, s = futures[future]
+      bar.set_postfix_str(f"{t}/{m}/seed{s}")
+      bar.update()
+  results = {
+    "meta": {
+      "suite": args.suite,
+      "seeds": args.seeds,
+      "smoke": args.smoke,
+      "jobs": args.jobs,
+      "command": "python -m experiments.ablate " + " ".join(argv or sys.argv[1:]),
+      "machine": _machine(),
+      "date": datetime.date.today().isoformat(),
+      "wall_minutes": (time.monotonic() - start) / 60,
+    },
+    "runs": collect(out, suite, args.seeds),
+  }
+  (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+  path = report(results, suite, out)
+  print(f"report: {path}")
+  return path
+
+
+if __name__ == "__main__":
+  main()

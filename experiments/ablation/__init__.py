@@ -1,0 +1,1 @@
+"""GRPO-vs-PPO ablation configs: one shared base, one small file per method."""

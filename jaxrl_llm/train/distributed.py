@@ -1,0 +1,57 @@
+"""Multi-process start-up: one call before anything touches the devices.
+
+Every host of a TPU pod slice (or every task of a GPU cluster job) runs the same
+command; `initialize` joins them into one JAX runtime, after which `jax.devices()` is
+every device of every process and the trainer's mesh spans them all.
+"""
+
+import logging
+import os
+
+import jax
+
+from jaxrl_llm.train.config import DistributedSection
+
+log = logging.getLogger(__name__)
+
+
+def _cluster_detected() -> str | None:
+  """The launcher whose environment says this is one of several processes, if any."""
+  env = os.environ
+  if int(env.get("SLURM_NTASKS", "1")) > 1 and "SLURM_JOB_ID" in env:
+    return "SLURM"
+  if int(env.get("OMPI_COMM_WORLD_SIZE", "1")) > 1:
+    return "Open MPI"
+  if "," in env.get("TPU_WORKER_HOSTNAMES", "") or env.get("MEGASCALE_COORDINATOR_ADDRESS"):
+    return "Cloud TPU pod slice"
+  if env.get("JAX_COORDINATOR_ADDRESS"):
+    return "JAX_COORDINATOR_ADDRESS"
+  return None
+
+
+def initialize(d: DistributedSection | None = None) -> bool:
+  """Calls `jax.distributed.initialize` when this run is one of several processes; returns
+  whether it did. Explicit settings win; otherwise JAX detects the cluster (TPU metadata,
+  SLURM or Open MPI variables, or JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES /
+  JAX_PROCESS_ID)."""
+  d = d or DistributedSection()
+  if d.coordinator_address:
+    jax.distributed.initialize(
+      d.coordinator_address,
+      num_processes=d.num_processes,
+      process_id=d.process_id,
+      local_device_ids=list(d.local_device_ids) or None,
+    )
+  elif (launcher := _cluster_detected()) is not None:
+    log.warning("multi-process run detected (%s); initialising jax.distributed", launcher)
+    jax.distributed.initialize()
+  else:
+    return False
+  log.warning(
+    "process %d of %d: %d local devices, %d in all",
+    jax.process_index(),
+    jax.process_count(),
+    jax.local_device_count(),
+    jax.device_count(),
+  )
+  return True

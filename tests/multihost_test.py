@@ -1,0 +1,119 @@
+"""Two processes x 4 fake CPU devices under jax.distributed (gloo) train exactly like one
+process with 8 devices."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+from train_test import OnesTask, small_config
+
+from jaxrl_llm.train import train
+from jaxrl_llm.train.checkpoint import config_dict
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "tests" / "fixtures" / "multihost_run.py"
+TIMING = ("step_time_s", "tokens_per_s", "mfu")
+DEADLINE_S = 150  # the processes' budget; the test ends well within 3 minutes
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    return s.getsockname()[1]
+
+
+def _config(workdir):
+  return small_config(
+    workdir,
+    **{
+      "mesh.data": 4,
+      "mesh.fsdp": 2,  # parameters sharded across the two processes too
+      "algo.num_minibatches": 2,
+      "algo.kl_coef": 0.05,
+      "rollout.dynamic_sampling": True,
+      "run.steps": 3,
+      "run.eval_every": 3,
+      "checkpoint.every": 3,
+    },
+  )
+
+
+def _launch(cfg, tmp_path):
+  config = tmp_path / "config.json"
+  config.write_text(json.dumps(config_dict(cfg)))
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  env |= {
+    "JAX_NUM_CPU_DEVICES": "4",
+    "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo",
+    "JAX_PLATFORMS": "cpu",
+  }
+  coordinator = f"localhost:{_free_port()}"
+  logs = [open(tmp_path / f"process{i}.log", "w") for i in range(2)]
+  procs = [
+    subprocess.Popen(
+      [sys.executable, str(SCRIPT), str(config), coordinator, "2", str(i)],
+      cwd=REPO,
+      env=env,
+      stdout=logs[i],
+      stderr=subprocess.STDOUT,
+      start_new_session=True,  # its own process group, killed as a whole below
+    )
+    for i in range(2)
+  ]
+  try:
+    deadline = time.monotonic() + DEADLINE_S
+    while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+      if any(p.poll() not in (None, 0) for p in procs):
+        break  # one failed: the other would wait for it forever
+      time.sleep(0.5)
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        os.killpg(p.pid, signal.SIGKILL)
+      p.wait()
+    for f in logs:
+      f.close()
+  for i, p in enumerate(procs):
+    log = (tmp_path / f"process{i}.log").read_text()
+    assert p.returncode == 0, f"process {i} exited {p.returncode}:\n{log[-4000:]}"
+    assert f"process {i} of 2: 4 local devices, 8 in all" in log
+
+
+def _rows(workdir):
+  rows = [json.loads(line) for line in (Path(workdir) / "metrics.jsonl").open()]
+  return [{k: v for k, v in r.items() if k not in TIMING} for r in rows]
+
+
+def test_two_processes_equal_one_process_with_8_devices(tmp_path):
+  multi_cfg = _config(tmp_path / "multi")
+  _launch(multi_cfg, tmp_path)
+  single = train(_config(tmp_path / "single"), task=OnesTask(multi_cfg))
+  learner = single["learner"]
+  restored = ocp.CheckpointManager(Path(multi_cfg.run.workdir) / "checkpoints").restore(
+    3, args=ocp.args.Composite(state=ocp.args.StandardRestore(learner.state_target()))
+  )
+  jax.tree.map(
+    lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5),
+    jax.device_get(restored.state.policy),
+    jax.device_get(learner.state.policy),
+  )
+  assert int(restored.state.step) == 3
+  multi_rows, single_rows = _rows(multi_cfg.run.workdir), _rows(single["workdir"])
+  assert [r["step"] for r in multi_rows] == [1, 2, 3]  # process 0 alone writes
+  for m, s in zip(multi_rows, single_rows, strict=True):
+    assert m.keys() == s.keys()
+    for key in m:
+      if m[key] is None or s[key] is None:  # NaN in the JSON: no such sample this step
+        assert m[key] == s[key], key
+      else:
+        np.testing.assert_allclose(m[key], s[key], rtol=1e-4, atol=1e-5, err_msg=key)
+  summary = json.loads((Path(multi_cfg.run.workdir) / "summary.json").read_text())
+  assert summary["heldout_accuracy_after"] == single["heldout_accuracy_after"]

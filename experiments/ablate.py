@@ -141,7 +141,10 @@ def warm_start(out: Path, name: str, spec: TaskSpec, smoke: bool) -> Path:
   return hf
 
 
-def run_one(out: Path, suite: Suite, task: str, method: str, seed: int, hf: Path, smoke: bool):
+def run_one(
+  out: Path, suite: Suite, task: str, method: str, seed: int, hf: Path, smoke: bool
+) -> bool:
+  """Runs (or resumes) one cell of the grid; False when it was already done."""
   workdir = out / "runs" / task / method / f"seed{seed}"
   settings = suite.tasks[task].overrides | {
     "model.path": hf,
@@ -152,9 +155,10 @@ def run_one(out: Path, suite: Suite, task: str, method: str, seed: int, hf: Path
   }
   settings |= SMOKE if smoke else {}
   if _is_done(workdir, settings["run.steps"]):
-    return
+    return False
   base = [sys.executable, "-m", "jaxrl_llm.train", "--config", f"experiments/ablation/{method}.py"]
   _run(base + _flags(settings), workdir / "log.txt", out)
+  return True
 
 
 # ----------------------------------------------------------------------------- results
@@ -200,7 +204,7 @@ def collect_run(workdir: Path, target: float) -> dict:
     "train_seconds": float(elapsed[-1]) if len(elapsed) else 0.0,
     "steps_to_target": None if reached is None else reached[0],
     "seconds_to_target": None if reached is None else reached[1],
-    "eval_curve": [[s, a] for s, a, _ in evals],
+    "eval_curve": [[0, summary["heldout_accuracy_before"]]] + [[s, a] for s, a, _ in evals],
     "length_curve": [list(x) for x in zip(*_downsample(steps, lengths), strict=True)],
     "final": {
       "kl": _final(rows, "kl_ref_k3"),
@@ -388,24 +392,28 @@ def main(argv=None) -> Path:
       pool.submit(run_one, out, suite, t, m, s, policies[t], args.smoke): (t, m, s)
       for t, m, s in grid
     }
+    executed = 0
     for future in concurrent.futures.as_completed(futures):
-      future.result()  # a failed run stops the grid with its log's tail
+      executed += future.result()  # a failed run stops the grid with its log's tail
       t, m, s = futures[future]
       bar.set_postfix_str(f"{t}/{m}/seed{s}")
       bar.update()
-  results = {
-    "meta": {
-      "suite": args.suite,
-      "seeds": args.seeds,
-      "smoke": args.smoke,
-      "jobs": args.jobs,
-      "command": "python -m experiments.ablate " + " ".join(argv or sys.argv[1:]),
-      "machine": _machine(),
-      "date": datetime.date.today().isoformat(),
-      "wall_minutes": (time.monotonic() - start) / 60,
-    },
-    "runs": collect(out, suite, args.seeds),
+  meta = {
+    "suite": args.suite,
+    "seeds": args.seeds,
+    "smoke": args.smoke,
+    "jobs": args.jobs,
+    "command": "python -m experiments.ablate " + " ".join(argv or sys.argv[1:]),
+    "machine": _machine(),
+    "date": datetime.date.today().isoformat(),
+    "wall_minutes": (time.monotonic() - start) / 60,
   }
+  previous = out / "results.json"
+  if not executed and previous.exists():  # nothing ran: keep when and how the grid did run
+    old = json.loads(previous.read_text())["meta"]
+    if (old["seeds"], old["smoke"]) == (args.seeds, args.smoke):
+      meta |= {k: old[k] for k in ("command", "date", "wall_minutes", "jobs", "machine")}
+  results = {"meta": meta, "runs": collect(out, suite, args.seeds)}
   (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
   path = report(results, suite, out)
   print(f"report: {path}")

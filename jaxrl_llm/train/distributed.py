@@ -5,6 +5,7 @@ command; `initialize` joins them into one JAX runtime, after which `jax.devices(
 every device of every process and the trainer's mesh spans them all.
 """
 
+import importlib.util
 import logging
 import os
 
@@ -13,6 +14,7 @@ import jax
 from jaxrl_llm.train.config import DistributedSection
 
 log = logging.getLogger(__name__)
+TPU_VM = "Cloud TPU VM"
 
 
 def _cluster_detected() -> str | None:
@@ -24,16 +26,15 @@ def _cluster_detected() -> str | None:
     return "Open MPI"
   if "," in env.get("TPU_WORKER_HOSTNAMES", "") or env.get("MEGASCALE_COORDINATOR_ADDRESS"):
     return "Cloud TPU pod slice"
-  if env.get("JAX_COORDINATOR_ADDRESS"):
-    return "JAX_COORDINATOR_ADDRESS"
+  if importlib.util.find_spec("libtpu") is not None:  # jax[tpu]: JAX asks the TPU metadata
+    return TPU_VM
   return None
 
 
 def initialize(d: DistributedSection | None = None) -> bool:
   """Calls `jax.distributed.initialize` when this run is one of several processes; returns
-  whether it did. Explicit settings win; otherwise JAX detects the cluster (TPU metadata,
-  SLURM or Open MPI variables, or JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES /
-  JAX_PROCESS_ID)."""
+  whether it did. Explicit settings win; otherwise JAX detects the cluster from the TPU
+  metadata, or SLURM's or Open MPI's variables."""
   d = d or DistributedSection()
   if d.coordinator_address:
     jax.distributed.initialize(
@@ -43,8 +44,14 @@ def initialize(d: DistributedSection | None = None) -> bool:
       local_device_ids=list(d.local_device_ids) or None,
     )
   elif (launcher := _cluster_detected()) is not None:
-    log.warning("multi-process run detected (%s); initialising jax.distributed", launcher)
-    jax.distributed.initialize()
+    try:
+      jax.distributed.initialize()
+    except (ValueError, RuntimeError) as e:
+      if launcher != TPU_VM:
+        raise
+      # libtpu is installed but this is no TPU VM JAX recognises (or a lone host).
+      log.warning("jax.distributed not initialised (%s); running as one process", e)
+      return False
   else:
     return False
   log.warning(

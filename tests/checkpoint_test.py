@@ -26,7 +26,8 @@ N = 2  # checkpoint every N steps; runs are 2N steps
 
 
 def ppo_config(workdir, **overrides):
-  """PPO with an adaptive KL controller and 2 minibatches: every part of the state moves."""
+  """PPO with adaptive KL and entropy controllers and 2 minibatches: every part of the
+  state moves."""
   settings = {
     "algo.estimator": "gae",
     "algo.kl_placement": "reward",
@@ -35,6 +36,8 @@ def ppo_config(workdir, **overrides):
     "algo.kl_target": 0.01,
     "algo.kl_horizon": 100,
     "algo.num_minibatches": 2,
+    "algo.entropy_target": 5.0,  # above the policy's entropy: the bonus keeps growing
+    "algo.entropy_step": 1e-3,
     "run.steps": 2 * N,
     "checkpoint.every": N,
   }
@@ -88,7 +91,8 @@ def test_kill_9_then_resume_equals_uninterrupted_run(reference, tmp_path):
   assert resumed["resumed_from"] == N
   state = params(resumed)
   assert_bitwise_equal(state, params(ref))
-  assert float(state.kl.coef) != cfg.algo.kl_coef  # the adaptive controller moved and came back
+  assert float(state.kl.coef) != cfg.algo.kl_coef  # the adaptive controllers moved and came back
+  assert float(state.entropy.coef) == pytest.approx(2 * N * cfg.algo.entropy_step)
   assert metric_rows(tmp_path) == metric_rows(ref_dir)  # rows N+1..2N recomputed, equal
   assert resumed["heldout_accuracy_before"] == ref["heldout_accuracy_before"]
   assert resumed["heldout_accuracy_after"] == ref["heldout_accuracy_after"]

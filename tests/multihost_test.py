@@ -1,5 +1,5 @@
-"""Two processes x 4 fake CPU devices under jax.distributed (gloo) train exactly like one
-process with 8 devices."""
+"""Two processes x 4 fake CPU devices under jax.distributed (gloo) train, checkpoint and
+resume exactly like one process with 8 devices."""
 
 import json
 import os
@@ -21,7 +21,7 @@ from jaxrl_llm.train.checkpoint import config_dict
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "tests" / "fixtures" / "multihost_run.py"
 TIMING = ("step_time_s", "tokens_per_s", "mfu")
-DEADLINE_S = 150  # the processes' budget; the test ends well within 3 minutes
+DEADLINE_S = 70  # per launch; the test ends, pass or fail, well within 3 minutes
 
 
 def _free_port() -> int:
@@ -30,7 +30,7 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def _config(workdir):
+def _config(workdir, steps=3):
   return small_config(
     workdir,
     **{
@@ -39,14 +39,15 @@ def _config(workdir):
       "algo.num_minibatches": 2,
       "algo.kl_coef": 0.05,
       "rollout.dynamic_sampling": True,
-      "run.steps": 3,
+      "run.steps": steps,
       "run.eval_every": 3,
-      "checkpoint.every": 3,
+      "checkpoint.every": 1,
     },
   )
 
 
-def _launch(cfg, tmp_path):
+def _launch(cfg, tmp_path) -> list[str]:
+  """Runs `cfg` as 2 processes; returns their logs."""
   config = tmp_path / "config.json"
   config.write_text(json.dumps(config_dict(cfg)))
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
@@ -81,10 +82,11 @@ def _launch(cfg, tmp_path):
       p.wait()
     for f in logs:
       f.close()
-  for i, p in enumerate(procs):
-    log = (tmp_path / f"process{i}.log").read_text()
+  logs = [(tmp_path / f"process{i}.log").read_text() for i in range(2)]
+  for i, (p, log) in enumerate(zip(procs, logs, strict=True)):
     assert p.returncode == 0, f"process {i} exited {p.returncode}:\n{log[-4000:]}"
     assert f"process {i} of 2: 4 local devices, 8 in all" in log
+  return logs
 
 
 def _rows(workdir):
@@ -93,8 +95,12 @@ def _rows(workdir):
 
 
 def test_two_processes_equal_one_process_with_8_devices(tmp_path):
+  # 2 iterations, then the same run continued to 3: the second launch resumes from the
+  # checkpoint both processes wrote.
+  _launch(_config(tmp_path / "multi", steps=2), tmp_path)
   multi_cfg = _config(tmp_path / "multi")
-  _launch(multi_cfg, tmp_path)
+  logs = _launch(multi_cfg, tmp_path)
+  assert all("resuming from step 2" in log for log in logs)
   single = train(_config(tmp_path / "single"), task=OnesTask(multi_cfg))
   learner = single["learner"]
   restored = ocp.CheckpointManager(Path(multi_cfg.run.workdir) / "checkpoints").restore(

@@ -23,6 +23,11 @@ from jaxrl_llm.core.aggregate import (
   aggregate,
   aggregate_denominator,
 )
+from jaxrl_llm.core.entropy import (
+  EntropyController,
+  EntropyControllerState,
+  entropy_controller,
+)
 from jaxrl_llm.core.kl import (
   KL_ESTIMATORS,
   KLController,
@@ -46,6 +51,9 @@ from jaxrl_llm.core.stats import (
 from jaxrl_llm.core.value_loss import clipped_value_loss
 
 __all__ = [
+  "EntropyController",
+  "EntropyControllerState",
+  "entropy_controller",
   "AGGREGATION_MODES",
   "GROUP_ESTIMATORS",
   "KL_ESTIMATORS",

@@ -99,7 +99,10 @@ class AlgoSection:
   kl_mode: str = "fixed"  # or "adaptive" (then kl_target, kl_horizon)
   kl_target: float | None = None
   kl_horizon: int | None = None
-  entropy_coef: float = 0.0
+  entropy_coef: float = 0.0  # the entropy bonus (its starting value when adaptive)
+  entropy_target: float | None = None  # set: adapt the coefficient toward this entropy
+  entropy_step: float = 1e-3  # the adaptive coefficient's change per step
+  entropy_coef_max: float = 0.05
   ppo_epochs: int = 1
   num_minibatches: int = 1
   micro_batches: int = 1  # gradient accumulation steps per minibatch
@@ -358,6 +361,12 @@ def validate(cfg: TrainConfig, num_devices: int | None = None) -> None:
     "config.distributed.coordinator_address is set, so config.distributed.num_processes "
     "(>= 1) and config.distributed.process_id (0 .. num_processes - 1) must be set too.",
   )
+  if a.entropy_target is not None:
+    _check(
+      a.entropy_target > 0 and a.entropy_step > 0 and a.entropy_coef_max >= a.entropy_coef,
+      "config.algo.entropy_target needs entropy_target > 0, entropy_step > 0 and "
+      "entropy_coef_max >= entropy_coef.",
+    )
   _check(cfg.run.eval_every >= 0, "config.run.eval_every must be >= 0 (0: no evaluation).")
   _check(cfg.checkpoint.every >= 0, "config.checkpoint.every must be >= 0 (0: no checkpoints).")
   _check(

@@ -20,7 +20,8 @@ class TrainState(NamedTuple):
   """Everything that changes during training, as one pytree (orbax saves it as it is).
 
   `rng` is raw key data (uint32), so it checkpoints like any array. The critic
-  fields are None without a critic, `ref` is None without a KL term.
+  fields are None without a critic, `ref` is None without a KL term. `kl` and
+  `entropy` are the coefficient controllers' states.
   """
 
   step: jax.Array
@@ -31,6 +32,7 @@ class TrainState(NamedTuple):
   critic: nnx.State | None
   critic_opt: optax.OptState | None
   kl: core.KLControllerState
+  entropy: core.EntropyControllerState
 
 
 def learning_rate_schedule(cfg: TrainConfig, peak: float) -> optax.Schedule:
@@ -69,6 +71,13 @@ def kl_controller(cfg: TrainConfig) -> core.KLController:
   return core.kl_controller(a.kl_mode, a.kl_coef, target=a.kl_target, horizon=a.kl_horizon)
 
 
+def entropy_controller(cfg: TrainConfig) -> core.EntropyController:
+  a = cfg.algo
+  return core.entropy_controller(
+    a.entropy_coef, target=a.entropy_target, step_size=a.entropy_step, max_coef=a.entropy_coef_max
+  )
+
+
 def state_shardings(abstract: TrainState, mesh, optimizers, rules=DEFAULT_RULES) -> TrainState:
   """NamedShardings for every leaf: params by their logical axes, optimizer moments like
   their params, scalars and keys replicated."""
@@ -99,6 +108,7 @@ def state_shardings(abstract: TrainState, mesh, optimizers, rules=DEFAULT_RULES)
     critic=params(abstract.critic),
     critic_opt=opt(abstract.critic_opt, abstract.critic, optimizers[1]),
     kl=jax.tree.map(lambda _: replicated, abstract.kl),
+    entropy=jax.tree.map(lambda _: replicated, abstract.entropy),
   )
 
 
@@ -118,4 +128,5 @@ def init_train_state(
     critic=critic,
     critic_opt=critic_opt,
     kl=kl_controller(cfg).init(),
+    entropy=entropy_controller(cfg).init(),
   )

@@ -16,7 +16,7 @@ from flax import nnx
 
 from jaxrl_llm import core
 from jaxrl_llm.train.config import TrainConfig
-from jaxrl_llm.train.state import TrainState, kl_controller
+from jaxrl_llm.train.state import TrainState, entropy_controller, kl_controller
 
 
 class Batch(NamedTuple):
@@ -120,12 +120,13 @@ def make_experience(
   exp = Experience(batch, old_logp, ref_logp, values, adv, returns)
   return exp, {
     "kl_coef": state.kl.coef,
+    "entropy_coef": state.entropy.coef,
     "advantage_abs_mean": core.masked_mean(jnp.abs(adv), mask_BxN),
   }
 
 
 def policy_objective(
-  params, exp: Experience, denominator, kl_coef, *, policy_def, cfg: TrainConfig
+  params, exp: Experience, denominator, kl_coef, entropy_coef=0.0, *, policy_def, cfg: TrainConfig
 ):
   """The scalar the policy minimises on one micro-batch (its share of the minibatch loss)."""
   a, mask = cfg.algo, exp.batch.mask_BxN
@@ -147,8 +148,8 @@ def policy_objective(
   loss = pg_loss
   if a.kl_placement == "loss" and a.kl_coef > 0:
     loss = loss + kl_coef * agg(core.kl_penalty(logp, exp.ref_logp_BxN, a.kl_estimator))
-  if a.entropy_coef:
-    loss = loss - a.entropy_coef * agg(ent)
+  if a.entropy_coef or a.entropy_target is not None:
+    loss = loss - entropy_coef * agg(ent)
   metrics = metrics | {"pg_loss": pg_loss, "entropy": core.masked_mean(ent, mask)}
   if cfg.uses_reference:  # per-sequence KL to the reference: the configured estimator, and k3
     for name, estimator in (("kl_ref", a.kl_estimator), ("kl_ref_k3", "k3")):
@@ -236,6 +237,7 @@ def update(
       micro,
       denominator,
       state.kl.coef,
+      state.entropy.coef,
     )
     metrics = metrics | {"loss": loss, "grad_norm": optax.tree.norm(grads)}
     policy, policy_opt = _apply(optimizers[0], grads, policy_opt, policy, policy_on)
@@ -255,8 +257,10 @@ def update(
   kl = state.kl
   if cfg.uses_reference:  # the rollout policy's per-sequence KL (the first minibatch's)
     kl = kl_controller(cfg).update(state.kl, metrics["kl_ref"][0], cfg.batch_size)
+  entropy = entropy_controller(cfg).update(state.entropy, metrics["entropy"].mean())
   new = state._replace(
     step=state.step + 1,
+    entropy=entropy,
     policy=policy,
     policy_opt=policy_opt,
     critic=critic,

@@ -67,6 +67,7 @@ def config(steps: int, workdir: str):
     tensorboard=False,
     workdir=workdir,
   )
+  c.checkpoint.update(every=0)  # iterations only; no checkpoint writes in the timing
   return from_config_dict(c)
 
 

@@ -191,7 +191,8 @@ def test_fresh_flag_sets_the_old_run_aside(tmp_path):
   assert [p.name for p in (previous / "checkpoints").iterdir()] == ["0", "1"]
 
 
-def test_sigterm_saves_after_the_step_and_exits_0(tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_saves_after_the_step_and_exits_0(tmp_path, signum):
   workdir = tmp_path / "run"
   flags = {
     "model.hidden_size": 32,
@@ -220,12 +221,12 @@ def test_sigterm_saves_after_the_step_and_exits_0(tmp_path):
     while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):
       assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read().decode()
       time.sleep(0.2)
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(signum)
     out, err = proc.communicate(timeout=120)
   finally:
     proc.kill()
   assert proc.returncode == 0, err.decode()[-3000:]
   steps = len(metrics.read_text().splitlines())
   assert f"preempted: saved step {steps};" in out.decode()
-  assert "received SIGTERM" in err.decode()
+  assert f"received {signal.Signals(signum).name}" in err.decode()
   assert str(steps) in [p.name for p in (workdir / "checkpoints").iterdir()]

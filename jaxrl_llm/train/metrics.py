@@ -1,7 +1,9 @@
 """Metrics to JSONL and TensorBoard, written by process 0 only."""
 
+import itertools
 import json
 import math
+import os
 from pathlib import Path
 
 import jax
@@ -11,6 +13,9 @@ import numpy as np
 def to_python(metrics: dict) -> dict:
   """Device scalars to floats (NaN stays NaN; JSON writes it as NaN)."""
   return {k: float(np.asarray(v)) for k, v in metrics.items()}
+
+
+_WRITERS = itertools.count()
 
 
 def _step(line: str) -> float:
@@ -36,7 +41,12 @@ class MetricsWriter:
       if tensorboard:
         from tensorboardX import SummaryWriter
 
-        self._tb = SummaryWriter(str(self.workdir / "tb"))
+        # A resumed run recomputes the steps after its checkpoint: TensorBoard drops the
+        # events of the stopped run from there on (purge_step), as the JSONL is truncated.
+        purge = start_step + 1 if start_step else None
+        # Unique file names: a resume within the same second must not overwrite the first.
+        suffix = f".{os.getpid()}.{next(_WRITERS)}"
+        self._tb = SummaryWriter(str(self.workdir / "tb"), purge_step=purge, filename_suffix=suffix)
 
   def _truncate(self, start_step: int) -> None:
     """Keeps the rows of steps up to `start_step`: a resumed run recomputes the rest."""

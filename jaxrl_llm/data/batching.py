@@ -25,6 +25,12 @@ def left_pad(token_lists: list[list[int]], length: int, pad_id: int) -> PromptBa
   return PromptBatch(tokens, mask)
 
 
+def pad_left_to(x_BxP: np.ndarray, length: int, value) -> np.ndarray:
+  """Widens an already left-padded `[B, P]` array to `[B, length]` with `value` on the left."""
+  pad = length - x_BxP.shape[1]
+  return np.pad(x_BxP, ((0, 0), (pad, 0)), constant_values=value) if pad else x_BxP
+
+
 def bucket_length(token_lists: list[list[int]], buckets, max_length: int) -> int:
   """The smallest of `buckets` (or `max_length`) that fits the longest list, so that
   padded shapes, and so compilations, stay few."""

@@ -107,23 +107,19 @@ class CorruptCheckpoint(RuntimeError):
 class Checkpointer:
   """Saves and restores a run's state under `directory` (local or gs://)."""
 
-  def __init__(self, cfg: TrainConfig, directory=None):
+  def __init__(self, cfg: TrainConfig):
     c = cfg.checkpoint
-    self.cfg = cfg
-    path = directory or c.directory or f"{cfg.run.workdir}/checkpoints"
+    path = c.directory or f"{cfg.run.workdir}/checkpoints"
     # Orbax wants absolute paths; gs:// and other remote paths already are.
-    self.directory = epath.Path(path) if "://" in str(path) else epath.Path(path).resolve()
+    self.directory = epath.Path(path) if "://" in path else epath.Path(path).resolve()
     self.config = config_dict(cfg)
-    self.manager = self._manager()
-
-  def _manager(self) -> ocp.CheckpointManager:
     options = ocp.CheckpointManagerOptions(
-      max_to_keep=self.cfg.checkpoint.keep,
-      enable_async_checkpointing=self.cfg.checkpoint.async_save,
+      max_to_keep=c.keep,
+      enable_async_checkpointing=c.async_save,
       cleanup_tmp_directories=True,  # what a killed save left behind
       create=True,
     )
-    return ocp.CheckpointManager(self.directory, options=options)
+    self.manager = ocp.CheckpointManager(self.directory, options=options)
 
   def steps(self) -> list[int]:
     return sorted(self.manager.all_steps())

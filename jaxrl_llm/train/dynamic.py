@@ -8,6 +8,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from jaxrl_llm.data import pad_left_to
+
 
 class Round(NamedTuple):
   """One rollout on the host: group-major rows of prompts, completions and scores."""
@@ -23,11 +25,6 @@ def informative_groups(scores_B: np.ndarray, group_size: int) -> np.ndarray:
   """[num_groups] bool: the group's rewards are not all equal."""
   groups = scores_B.reshape(-1, group_size)
   return groups.max(-1) > groups.min(-1)
-
-
-def _left_pad_to(x_BxP, length, value):
-  pad = length - x_BxP.shape[1]
-  return np.pad(x_BxP, ((0, 0), (pad, 0)), constant_values=value) if pad else x_BxP
 
 
 def assemble(rounds: list[Round], group_size: int, num_groups: int, pad_id: int) -> Round:
@@ -46,8 +43,8 @@ def assemble(rounds: list[Round], group_size: int, num_groups: int, pad_id: int)
     rnd = rounds[r]
     parts.append(
       Round(
-        _left_pad_to(rnd.prompt_BxP[rows], length, pad_id),
-        _left_pad_to(rnd.prompt_mask_BxP[rows], length, False),
+        pad_left_to(rnd.prompt_BxP[rows], length, pad_id),
+        pad_left_to(rnd.prompt_mask_BxP[rows], length, False),
         rnd.tokens_BxN[rows],
         rnd.mask_BxN[rows],
         rnd.scores_B[rows],

@@ -64,6 +64,13 @@ def global_max(value: int) -> int:
   return int(np.max(multihost_utils.process_allgather(np.array(value))))
 
 
+def any_process(flag: bool) -> bool:
+  """Whether `flag` is set on any process."""
+  if jax.process_count() == 1:
+    return bool(flag)
+  return bool(np.any(multihost_utils.process_allgather(np.array(flag))))
+
+
 def barrier(name: str) -> None:
   """Waits for every process (after process 0 changed files the others will read)."""
   if jax.process_count() > 1:

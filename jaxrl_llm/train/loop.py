@@ -13,9 +13,9 @@ from pathlib import Path
 
 import jax
 import numpy as np
-from jax.experimental import multihost_utils
 from tqdm import tqdm
 
+from jaxrl_llm.data import PromptBatch, pad_left_to
 from jaxrl_llm.models.config import to_hf_config
 from jaxrl_llm.models.sharding import make_mesh
 from jaxrl_llm.rewards import score
@@ -74,7 +74,10 @@ def _local_prompts(learner, task, examples):
   local = examples[hosts.local_rows(learner.mesh, len(examples))]
   prompt = task.prompts(local)
   length = hosts.global_max(prompt.tokens_BxP.shape[1])
-  return local, prompt if length == prompt.tokens_BxP.shape[1] else task.prompts(local, length)
+  pad_id = task.tokenizer.pad_id
+  return local, PromptBatch(
+    pad_left_to(prompt.tokens_BxP, length, pad_id), pad_left_to(prompt.mask_BxP, length, False)
+  )
 
 
 def evaluate(learner: Learner, task: Task, examples: list[dict], batch_size: int) -> float:
@@ -227,18 +230,22 @@ class Preemption:
 
   def requested(self) -> bool:
     """Whether any process got a signal (all processes must agree to stop together)."""
-    flag = self.received is not None
-    if jax.process_count() > 1:
-      flag = bool(np.any(multihost_utils.process_allgather(np.array(flag))))
-    return flag
+    return hosts.any_process(self.received is not None)
 
 
 def _set_aside_previous_run(workdir: Path, checkpoints) -> None:
   """Moves an earlier run's checkpoints, metrics and TensorBoard files into
-  `<workdir>/previous/<time>/`, so a fresh start loses nothing."""
+  `<workdir>/previous/<time>/`, so a fresh start loses nothing. Process 0 moves them;
+  every process waits until it has."""
+  if jax.process_index() == 0:
+    _move_previous_run(workdir, checkpoints)
+  hosts.barrier("fresh start")
+
+
+def _move_previous_run(workdir: Path, checkpoints) -> None:
   old = [p for p in (workdir / n for n in ("metrics.jsonl", "tb", "summary.json")) if p.exists()]
   has_checkpoints = checkpoints is not None and checkpoints.exists()
-  if jax.process_index() != 0 or not (old or has_checkpoints):
+  if not (old or has_checkpoints):
     return
   stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%S")
   aside = workdir / "previous" / stamp
@@ -273,7 +280,6 @@ def _resume(cfg, learner, mesh):
   if cfg.checkpoint.fresh:
     ckpt.close()
     _set_aside_previous_run(Path(cfg.run.workdir), ckpt.directory)
-    hosts.barrier("fresh start")
     return checkpoint_lib.Checkpointer(cfg), None
   restored = ckpt.restore_latest(learner.state_target())
   if restored is not None:
@@ -314,7 +320,6 @@ def train(cfg: TrainConfig, devices=None, task: Task | None = None) -> dict:
   if restored is None:
     if ckpt is None:
       _set_aside_previous_run(Path(cfg.run.workdir), None)
-      hosts.barrier("fresh start")
     if cfg.warmstart.steps:
       losses = _warm_start(learner, task, cfg, show)
       summary["warmstart_loss"] = float(losses[-10:].mean())

@@ -93,10 +93,9 @@ class Task:
       return self.tokenizer.apply_chat_template([{"role": "user", "content": example["prompt"]}])
     return example["prompt"]
 
-  def prompts(self, examples, length: int | None = None):
-    """Left-padded prompt tokens: to the smallest bucket that fits, or to `length`."""
+  def prompts(self, examples):
     ids = [self.tokenizer.encode(self.render(e)) for e in examples]
-    length = length or bucket_length(ids, self.prompt_buckets, self.prompt_length)
+    length = bucket_length(ids, self.prompt_buckets, self.prompt_length)
     return left_pad(ids, length, self.tokenizer.pad_id)
 
   def labelled_batch(self, examples, max_new_tokens: int) -> Batch:

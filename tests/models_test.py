@@ -17,6 +17,7 @@ from jaxrl_llm.models import (
   RewardModel,
   ValueModel,
   apply,
+  completion_hidden,
   init_cache,
   load_model,
   logical_axes,
@@ -140,6 +141,39 @@ def test_kv_cache_decoding_equals_full_forward(prompt_len):
   valid = np.asarray(mask, bool)
   np.testing.assert_allclose(np.asarray(incremental)[valid], np.asarray(full)[valid], atol=1e-5)
   assert int(cache.index) == L
+
+
+def test_shared_prompt_forward_equals_one_prompt_per_row():
+  """completion_hidden with groups sharing a prompt: same hidden states and gradients as
+  running every row's prompt, with left padding and completions that end early."""
+  model = load_model(FIXTURES / "qwen2_untied")
+  ref = _reference("qwen2_untied")
+  G, N = 3, 5
+  prompt = jnp.repeat(jnp.asarray(ref["tokens"]), G, axis=0)
+  prompt_mask = jnp.repeat(jnp.asarray(ref["mask"], bool), G, axis=0)
+  rng = np.random.default_rng(0)
+  tokens = jnp.asarray(rng.integers(1, model.cfg.vocab_size, (prompt.shape[0], N)))
+  mask = jnp.asarray(np.arange(N)[None, :] < rng.integers(1, N + 1, (prompt.shape[0], 1)))
+  graphdef, params = nnx.split(model)
+
+  def loss(params, group):
+    m = nnx.merge(graphdef, params)
+    hidden = completion_hidden(m.decoder, prompt, prompt_mask, tokens, mask, group)
+    return jnp.sum(jnp.where(mask[..., None], jnp.sin(hidden), 0.0)), hidden
+
+  (l_row, h_row), g_row = jax.value_and_grad(loss, has_aux=True)(params, 1)
+  (l_grp, h_grp), g_grp = jax.value_and_grad(loss, has_aux=True)(params, G)
+  assert h_grp.shape == (prompt.shape[0], N, model.cfg.hidden_size)
+  valid = np.asarray(mask)
+  np.testing.assert_allclose(np.asarray(h_grp)[valid], np.asarray(h_row)[valid], atol=1e-5)
+  np.testing.assert_allclose(l_grp, l_row, rtol=1e-5)
+  jax.tree.map(
+    lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5 * np.abs(b).max()),
+    g_grp,
+    g_row,
+  )
+  with pytest.raises(ValueError, match="do not form groups of 4"):
+    completion_hidden(model.decoder, prompt, prompt_mask, tokens, mask, 4)
 
 
 def test_bf16_forward_close_to_fp32():

@@ -7,6 +7,7 @@ import json
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 import experiments.default
@@ -131,6 +132,44 @@ def test_accumulation_does_not_change_loss_or_gradient(tmp_path, mode):
 
 
 @pytest.mark.parametrize("estimator", ["grpo", "gae"])
+def test_shared_prompts_give_the_same_experience_and_gradients(tmp_path, estimator):
+  """Each group's prompt running once gives the experience (reference log-probs, values,
+  advantages) and the policy and critic gradients of every row running its own prompt."""
+  results = []
+  for share in (True, False):
+    cfg = small_config(
+      tmp_path,
+      **{"algo.estimator": estimator, "algo.kl_coef": 0.1, "algo.share_prompts": share},
+    )
+    assert cfg.share_prompts is share
+    learner = _learner(cfg)
+    exp, _ = learner.experience(_one_batch(learner, cfg))
+    mask = exp.batch.mask_BxN
+    denominator = core.aggregate_denominator(mask, cfg.algo.aggregation)
+    one_micro = jax.tree.map(lambda x: x[None], exp)
+    state = learner.state
+    objectives = [
+      (step_lib.policy_objective, "policy_def", state.policy, (state.kl.coef,)),
+      (step_lib.critic_objective, "critic_def", state.critic, ()),
+    ]
+    grads = [
+      step_lib._accumulate(
+        functools.partial(fn, **{name: getattr(learner, name)}, cfg=cfg),
+        params,
+        one_micro,
+        denominator,
+        *extra,
+      )[:2]
+      for fn, name, params, extra in objectives
+      if params is not None
+    ]
+    results.append(jax.device_get((exp, grads)))
+  assert all(float(optax.tree.norm(g)) > 0 for _, g in results[0][1])
+  close = functools.partial(np.testing.assert_allclose, rtol=1e-4, atol=1e-6)
+  jax.tree.map(close, results[0], results[1])
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "gae"])
 def test_short_run_raises_reward(tmp_path, estimator):
   cfg = small_config(
     tmp_path,
@@ -217,6 +256,10 @@ def test_nan_updates_are_skipped_then_stop(tmp_path):
     ({"algo.kl_mode": "adaptive"}, r"needs config.algo.kl_target"),
     ({"rollout.temperature": 0.0}, r"temperature must be > 0"),
     ({"task.name": "gsm9k"}, r"config.task.name='gsm9k' is unknown"),
+    (
+      {"algo.share_prompts": True, "algo.num_minibatches": 16},
+      r"share_prompts=True needs micro-batches of whole groups.*holds 2 sequences",
+    ),
   ],
 )
 def test_bad_configs_name_the_key(tmp_path, overrides, message):

@@ -21,10 +21,13 @@ class ScalarHeadModel(nnx.Module):
     )
     self.head_bias = nnx.Param(jnp.zeros((), jnp.float32), logical_axes=())
 
+  def head(self, hidden_BxLxD):
+    """float32 `[B, L]`: the head applied to final hidden states."""
+    return hidden_BxLxD.astype(jnp.float32) @ self.head_D[...] + self.head_bias[...]
+
   def per_token(self, tokens_BxL, positions_BxL=None, mask_BxL=None):
     """float32 `[B, L]`: the head applied to every position."""
-    hidden_BxLxD, _ = self.decoder(tokens_BxL, positions_BxL, mask_BxL)
-    return hidden_BxLxD.astype(jnp.float32) @ self.head_D[...] + self.head_bias[...]
+    return self.head(self.decoder(tokens_BxL, positions_BxL, mask_BxL)[0])
 
   @classmethod
   def from_policy(cls, policy: CausalLM, *, rngs: nnx.Rngs):

@@ -46,10 +46,10 @@ def _zeros(shape, dtype, axes):
 
 
 class LayerCache(NamedTuple):
-  """One layer's keys and values, kv-head-major so that decoding reads them without a
-  transpose."""
+  """One layer's keys and values, kv-head-major. Keys are stored transposed (slots last), so
+  that a decode step's scores q @ k are a plain matmul over the cache as it lies in memory."""
 
-  k_BxKxSxH: jax.Array
+  k_BxKxHxS: jax.Array
   v_BxKxSxH: jax.Array
 
 
@@ -64,10 +64,11 @@ class KVCache(NamedTuple):
 
 def init_cache(cfg: ModelConfig, batch_size: int, max_len: int, dtype=None) -> KVCache:
   """An empty cache for `batch_size` rows and `max_len` slots (prompt + new tokens)."""
-  shape = (batch_size, cfg.num_kv_heads, max_len, cfg.head_dim)
+  k_shape = (batch_size, cfg.num_kv_heads, cfg.head_dim, max_len)
+  v_shape = (batch_size, cfg.num_kv_heads, max_len, cfg.head_dim)
   dtype = cfg.dtype if dtype is None else dtype
   layers = tuple(
-    LayerCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)) for _ in range(cfg.num_layers)
+    LayerCache(jnp.zeros(k_shape, dtype), jnp.zeros(v_shape, dtype)) for _ in range(cfg.num_layers)
   )
   return KVCache(layers, jnp.zeros((batch_size, max_len), bool), jnp.zeros((), jnp.int32))
 
@@ -167,26 +168,29 @@ class Attention(nnx.Module):
     q_BxLxNxH = apply_rope(self._project(x_BxLxD, self.q_DxNxH, "q_bias_NxH"), rope)
     k_BxLxKxH = apply_rope(self._project(x_BxLxD, self.k_DxKxH, "k_bias_KxH"), rope)
     v_BxLxKxH = self._project(x_BxLxD, self.v_DxKxH, "v_bias_KxH")
-    k_BxKxLxH = k_BxLxKxH.transpose(0, 2, 1, 3)
     v_BxKxLxH = v_BxLxKxH.transpose(0, 2, 1, 3)
     if cache is None:
-      k_BxKxSxH, v_BxKxSxH, new_cache = k_BxKxLxH, v_BxKxLxH, None
+      keys, v_BxKxSxH, new_cache = k_BxLxKxH.transpose(0, 2, 1, 3), v_BxKxLxH, None
+      scores_eq = "bkglh,bksh->bkgls"
     else:
-      at = (0, 0, index, 0)
-      k_BxKxSxH = jax.lax.dynamic_update_slice(cache.k_BxKxSxH, k_BxKxLxH.astype(dt), at)
-      v_BxKxSxH = jax.lax.dynamic_update_slice(cache.v_BxKxSxH, v_BxKxLxH.astype(dt), at)
-      new_cache = LayerCache(k_BxKxSxH, v_BxKxSxH)
+      keys = jax.lax.dynamic_update_slice(
+        cache.k_BxKxHxS, k_BxLxKxH.transpose(0, 2, 3, 1).astype(dt), (0, 0, 0, index)
+      )
+      v_BxKxSxH = jax.lax.dynamic_update_slice(
+        cache.v_BxKxSxH, v_BxKxLxH.astype(dt), (0, 0, index, 0)
+      )
+      new_cache = LayerCache(keys, v_BxKxSxH)
+      scores_eq = "bkglh,bkhs->bkgls"
     K, G, H = cfg.num_kv_heads, cfg.num_heads // cfg.num_kv_heads, cfg.head_dim
     q_BxKxGxLxH = q_BxLxNxH.reshape(B, L, K, G, H).transpose(0, 2, 3, 1, 4)
-    scores = (
-      jnp.einsum("bkglh,bksh->bkgls", q_BxKxGxLxH, k_BxKxSxH, preferred_element_type=jnp.float32)
-      * H**-0.5
-    )
+    scores = jnp.einsum(scores_eq, q_BxKxGxLxH, keys, preferred_element_type=jnp.float32) * H**-0.5
     scores = jnp.where(visible_BxLxS[:, None, None], scores, _MASKED)
     probs = jax.nn.softmax(scores, axis=-1).astype(dt)
     out_BxKxGxLxH = jnp.einsum("bkgls,bksh->bkglh", probs, v_BxKxSxH)
-    out_BxLxNxH = out_BxKxGxLxH.transpose(0, 3, 1, 2, 4).reshape(B, L, cfg.num_heads, H)
-    y = jnp.einsum("blnh,nhd->bld", out_BxLxNxH, self.o_NxHxD[...].astype(dt))
+    out_BxLxNH = out_BxKxGxLxH.transpose(0, 3, 1, 2, 4).reshape(B, L, cfg.num_heads * H)
+    # As a 2-D matmul with the weight's own [N*H, D] view: the 3-D contraction made XLA's CPU
+    # backend transpose the weight on every call.
+    y = matmul(out_BxLxNH, self.o_NxHxD[...].astype(dt).reshape(-1, self.o_NxHxD.shape[-1]))
     if cfg.o_bias:
       y = y + self.o_bias_D[...].astype(dt)
     return y, new_cache
@@ -274,6 +278,40 @@ class Decoder(nnx.Module):
       new_layers.append(layer_cache)
     new_cache = KVCache(tuple(new_layers), key_valid_BxS, cache.index + tokens_BxL.shape[1])
     return self.norm(x), new_cache
+
+
+def completion_hidden(
+  decoder: Decoder, prompt_BxP, prompt_mask_BxP, tokens_BxN, mask_BxN, group_size: int = 1
+):
+  """Teacher-forced final hidden states `[B, N, D]` at the positions that predict each
+  completion token: the prompt's last slot, then completion slots 0 .. N-2.
+
+  With `group_size` G > 1 the rows come in groups of G consecutive rows that share one prompt
+  (as `rollout.generate` returns them). Each prompt then runs once: its keys and values are
+  computed on B/G rows, repeated for the group, and the completions attend to them as to a KV
+  cache. The result equals the G = 1 pass up to float rounding while the prompt's share of
+  the FLOPs drops by (G-1)/G; gradients reach the shared prompt through the repeat.
+  """
+  P = prompt_BxP.shape[1]
+  B, N = tokens_BxN.shape
+  seq_mask_BxL = jnp.concatenate([prompt_mask_BxP, mask_BxN], axis=1).astype(bool)
+  if group_size == 1:
+    seq_BxL = jnp.concatenate([prompt_BxP, tokens_BxN], axis=1)
+    hidden_BxLxD, _ = decoder(seq_BxL, mask_BxL=seq_mask_BxL)
+    return hidden_BxLxD[:, P - 1 : -1]
+  if B % group_size:
+    raise ValueError(f"{B} rows do not form groups of {group_size}.")
+  G = group_size
+  positions_BxL = positions_from_mask(seq_mask_BxL)
+  first = lambda x: x.reshape(B // G, G, *x.shape[1:])[:, 0]
+  cache = init_cache(decoder.cfg, B // G, P + N)
+  prompt_hidden, cache = decoder(
+    first(prompt_BxP), first(positions_BxL[:, :P]), first(seq_mask_BxL[:, :P]), cache
+  )
+  repeat = lambda x: jnp.repeat(x, G, axis=0)
+  cache = cache._replace(layers=jax.tree.map(repeat, cache.layers), mask_BxS=repeat(cache.mask_BxS))
+  hidden_BxNxD, _ = decoder(tokens_BxN, positions_BxL[:, P:], mask_BxN, cache)
+  return jnp.concatenate([repeat(prompt_hidden[:, -1:]), hidden_BxNxD[:, :-1]], axis=1)
 
 
 class CausalLM(nnx.Module):

@@ -144,28 +144,33 @@ def _generate(
   cache_dtype,
   mesh,
 ):
-  constrain = (
-    (lambda x: x)
-    if mesh is None
-    else (lambda x: jax.lax.with_sharding_constraint(x, batch_sharding(mesh, x.ndim)))
-  )
-  prompt_BxP = constrain(jnp.repeat(prompt_BxP, num_samples, axis=0))
-  prompt_mask_BxP = constrain(jnp.repeat(prompt_mask_BxP.astype(bool), num_samples, axis=0))
-  B, P = prompt_BxP.shape
+  def constrain(x):
+    if mesh is None or x.shape[0] % batch_size_divisor(mesh):
+      return x
+    return jax.lax.with_sharding_constraint(x, batch_sharding(mesh, x.ndim))
+
+  def repeat(x):  # prompt i's row to rows i*G .. i*G+G-1
+    return constrain(jnp.repeat(x, num_samples, axis=0))
+
+  # Each prompt is prefilled once; its cache and next-token logits are then repeated for
+  # the G samples.
+  prompt_mask_BxP = constrain(prompt_mask_BxP.astype(bool))
+  B, P = prompt_BxP.shape[0] * num_samples, prompt_BxP.shape[1]
   N = max_new_tokens
   model = nnx.merge(graphdef, params)
-  cache = init_cache(model.cfg, B, P + N, cache_dtype)
+  cache = init_cache(model.cfg, B // num_samples, P + N, cache_dtype)
   positions_BxP = positions_from_mask(prompt_mask_BxP)
-  hidden_BxPxD, cache = model.decoder(prompt_BxP, positions_BxP, prompt_mask_BxP, cache)
+  hidden, cache = model.decoder(constrain(prompt_BxP), positions_BxP, prompt_mask_BxP, cache)
+  cache = cache._replace(layers=jax.tree.map(repeat, cache.layers), mask_BxS=repeat(cache.mask_BxS))
   unembedding_DxV = model.unembedding_DxV()
   carry = DecodeCarry(
     step=jnp.zeros((), jnp.int32),
-    logits_BxV=model.unembed(hidden_BxPxD[:, -1:], unembedding_DxV)[:, 0],  # last token only
+    logits_BxV=repeat(model.unembed(hidden[:, -1:], unembedding_DxV)[:, 0]),  # last token only
     cache=cache,
     tokens_BxN=constrain(jnp.full((B, N), pad_id, jnp.int32)),
     logprobs_BxN=constrain(jnp.zeros((B, N), jnp.float32)),
     done_B=constrain(jnp.zeros((B,), bool)),
-    next_pos_B=positions_BxP[:, -1] + 1,
+    next_pos_B=repeat(positions_BxP[:, -1] + 1),
   )
   step = functools.partial(
     _decode_step,

@@ -113,6 +113,10 @@ class AlgoSection:
   cliprange_value: float | None = 0.2
   critic_warmup_steps: int = 0
   track_kl: bool = False  # keep the reference and log KL to it even when kl_coef is 0
+  # Score a group's completions against one forward pass of their shared prompt (minibatches
+  # then hold whole groups). None: whenever every micro-batch holds whole groups; True:
+  # required (an error otherwise); False: every row runs its own prompt.
+  share_prompts: bool | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -216,6 +220,18 @@ class TrainConfig:
       and a.num_minibatches == 1
       and not (a.kl_placement == "reward" and a.kl_coef > 0)
     )
+
+  @property
+  def micro_batch_rows(self) -> int:
+    a = self.algo
+    return self.batch_size // a.num_minibatches // a.micro_batches
+
+  @property
+  def share_prompts(self) -> bool:
+    """Whether each group's prompt runs once for its G completions (see
+    `models.completion_hidden`); needs groups of 2+ that micro-batches hold whole."""
+    G, wanted = self.rollout.group_size, self.algo.share_prompts
+    return wanted is not False and G > 1 and self.micro_batch_rows % G == 0
 
   @property
   def uses_reference(self) -> bool:
@@ -355,6 +371,13 @@ def validate(cfg: TrainConfig, num_devices: int | None = None) -> None:
     f"config.algo.micro_batches={a.micro_batches} must divide the minibatch of {minibatch} "
     "sequences.",
   )
+  if a.share_prompts:
+    _check(
+      r.group_size > 1 and cfg.micro_batch_rows % r.group_size == 0,
+      f"config.algo.share_prompts=True needs micro-batches of whole groups, but a micro-batch "
+      f"holds {cfg.micro_batch_rows} sequences and a group {r.group_size}; lower "
+      "config.algo.num_minibatches or config.algo.micro_batches, or leave share_prompts unset.",
+    )
   d = cfg.distributed
   _check(
     not d.coordinator_address or (d.num_processes >= 1 and 0 <= d.process_id < d.num_processes),

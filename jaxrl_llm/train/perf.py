@@ -53,12 +53,17 @@ def tokens_per_step(cfg: TrainConfig) -> int:
 
 def iteration_flops(learner, cfg: TrainConfig) -> float:
   """2 N per token for each forward (rollout, old log-probs unless `single_update`, reference,
-  values), 6 N per token for each training pass (policy and critic), N the parameter count."""
+  values), 6 N per token for each training pass (policy and critic), N the parameter count.
+  A prompt shared by its group counts once where it runs once: always in the rollout, and in
+  the trainer's passes with `share_prompts`."""
   n = learner.num_params
-  tokens = tokens_per_step(cfg)
-  forwards = 1 + (not cfg.single_update) + cfg.uses_reference + cfg.uses_critic
+  B, G = cfg.batch_size, cfg.rollout.group_size
+  P, T = cfg.task.prompt_length, cfg.rollout.max_new_tokens
+  rollout = B // G * P + B * T
+  scored = (B // G if cfg.share_prompts else B) * P + B * T
+  forwards = (not cfg.single_update) + cfg.uses_reference + cfg.uses_critic
   passes = cfg.algo.ppo_epochs * (1 + cfg.uses_critic)
-  return 2 * n * tokens * forwards + 6 * n * tokens * passes
+  return 2 * n * (rollout + scored * forwards) + 6 * n * scored * passes
 
 
 def learning_rate_fn(cfg: TrainConfig):

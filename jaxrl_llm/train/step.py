@@ -15,6 +15,7 @@ import optax
 from flax import nnx
 
 from jaxrl_llm import core
+from jaxrl_llm.models import completion_hidden
 from jaxrl_llm.train.config import TrainConfig
 from jaxrl_llm.train.state import TrainState, entropy_controller, kl_controller
 
@@ -40,30 +41,41 @@ class Experience(NamedTuple):
   returns_BxN: jax.Array
 
 
-def sequence_forward(graphdef, params, batch: Batch, temperature, with_entropy=False):
+def _hidden(model, batch: Batch, group_size: int):
+  return completion_hidden(
+    model.decoder,
+    batch.prompt_BxP,
+    batch.prompt_mask_BxP,
+    batch.tokens_BxN,
+    batch.mask_BxN,
+    group_size,
+  )
+
+
+def sequence_forward(graphdef, params, batch: Batch, temperature, with_entropy=False, group=1):
   """Teacher-forced log-probs (and entropies) of the completion tokens, float32 `[B, N]`.
 
   The only function that scores completions: the old log-probs and the
   differentiated ones both come from here, so the first update's ratio is 1.
+  `group` > 1: rows come in groups of that size sharing a prompt, which runs once.
   """
-  P = batch.prompt_BxP.shape[1]
-  seq_BxL = jnp.concatenate([batch.prompt_BxP, batch.tokens_BxN], axis=1)
-  seq_mask_BxL = jnp.concatenate([batch.prompt_mask_BxP, batch.mask_BxN], axis=1)
   model = nnx.merge(graphdef, params)
-  hidden_BxLxD, _ = model.decoder(seq_BxL, mask_BxL=seq_mask_BxL)
-  logits_BxNxV = model.unembed(hidden_BxLxD[:, P - 1 : -1])
+  logits_BxNxV = model.unembed(_hidden(model, batch, group))
   logp_BxN = core.token_logprobs(logits_BxNxV, batch.tokens_BxN, temperature)
   if not with_entropy:
     return logp_BxN
   return logp_BxN, core.entropy(logits_BxNxV, temperature)
 
 
-def sequence_values(graphdef, params, batch: Batch):
+def sequence_values(graphdef, params, batch: Batch, group=1):
   """The critic's V(s_t) for each completion token t (the state before emitting it)."""
-  P = batch.prompt_BxP.shape[1]
-  seq_BxL = jnp.concatenate([batch.prompt_BxP, batch.tokens_BxN], axis=1)
-  seq_mask_BxL = jnp.concatenate([batch.prompt_mask_BxP, batch.mask_BxN], axis=1)
-  return nnx.merge(graphdef, params)(seq_BxL, mask_BxL=seq_mask_BxL)[:, P - 1 : -1]
+  model = nnx.merge(graphdef, params)
+  return model.head(_hidden(model, batch, group))
+
+
+def _group(cfg: TrainConfig) -> int:
+  """Rows per shared prompt in the forward passes (1: no sharing)."""
+  return cfg.rollout.group_size if cfg.share_prompts else 1
 
 
 def _in_micro_batches(fn, batch: Batch, rows: int):
@@ -73,21 +85,17 @@ def _in_micro_batches(fn, batch: Batch, rows: int):
   return out.reshape(-1, *out.shape[2:])
 
 
-def _micro_rows(cfg: TrainConfig) -> int:
-  return cfg.batch_size // cfg.algo.num_minibatches // cfg.algo.micro_batches
-
-
 def make_experience(
   state: TrainState, batch: Batch, *, policy_def, critic_def, cfg: TrainConfig
 ) -> tuple[Experience, dict]:
   """Old and reference log-probs, values, token rewards and advantages."""
-  a, rows = cfg.algo, _micro_rows(cfg)
+  a, rows, group = cfg.algo, cfg.micro_batch_rows, _group(cfg)
   temperature = cfg.rollout.temperature
   mask_BxN = batch.mask_BxN
 
   def logp(params):
     return _in_micro_batches(
-      lambda b: sequence_forward(policy_def, params, b, temperature), batch, rows
+      lambda b: sequence_forward(policy_def, params, b, temperature, group=group), batch, rows
     )
 
   zeros = jnp.zeros(mask_BxN.shape, jnp.float32)
@@ -96,7 +104,9 @@ def make_experience(
   values = (
     zeros
     if state.critic is None
-    else _in_micro_batches(lambda b: sequence_values(critic_def, state.critic, b), batch, rows)
+    else _in_micro_batches(
+      lambda b: sequence_values(critic_def, state.critic, b, group), batch, rows
+    )
   )
   kl_BxN = jnp.where(mask_BxN, core.kl_penalty(old_logp, ref_logp, a.kl_estimator), 0.0)
   rewards_BxN = core.scores_to_token_rewards(batch.scores_B, mask_BxN)
@@ -131,7 +141,7 @@ def policy_objective(
   """The scalar the policy minimises on one micro-batch (its share of the minibatch loss)."""
   a, mask = cfg.algo, exp.batch.mask_BxN
   logp, ent = sequence_forward(
-    policy_def, params, exp.batch, cfg.rollout.temperature, with_entropy=True
+    policy_def, params, exp.batch, cfg.rollout.temperature, with_entropy=True, group=_group(cfg)
   )
   old_logp = jax.lax.stop_gradient(logp) if cfg.single_update else exp.old_logp_BxN
   agg = functools.partial(
@@ -159,7 +169,7 @@ def policy_objective(
 
 
 def critic_objective(params, exp: Experience, denominator, *, critic_def, cfg: TrainConfig):
-  values = sequence_values(critic_def, params, exp.batch)
+  values = sequence_values(critic_def, params, exp.batch, _group(cfg))
   loss_BxN, metrics = core.clipped_value_loss(
     values,
     exp.old_values_BxN,
@@ -222,7 +232,11 @@ def update(
   a = cfg.algo
   B = cfg.batch_size
   key = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
-  perms = [jax.random.permutation(k, B) for k in jax.random.split(key, a.ppo_epochs)]
+  G = _group(cfg)  # with shared prompts, whole groups are shuffled
+  perms = [
+    (G * jax.random.permutation(k, B // G)[:, None] + jnp.arange(G)).reshape(-1)
+    for k in jax.random.split(key, a.ppo_epochs)
+  ]
   rows_MxUxR = jnp.concatenate(perms).reshape(a.ppo_epochs * a.num_minibatches, a.micro_batches, -1)
   policy_on = state.step >= a.critic_warmup_steps
 

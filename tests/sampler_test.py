@@ -10,6 +10,7 @@ from jaxrl_llm import core
 from jaxrl_llm.models import load_model
 from jaxrl_llm.models.sharding import make_mesh, shard_params
 from jaxrl_llm.rollout import generate, process_logits
+from jaxrl_llm.rollout.sampler import _invert_cdf, sample_from_logprobs
 
 FIXTURES = Path(__file__).parent / "fixtures"
 NAMES = ["qwen2_untied", "qwen2_tied", "llama3"]
@@ -128,6 +129,35 @@ def test_process_logits_by_hand():
   hot = jnp.exp(process_logits(logits, 2.0))
   expected = np.sqrt([0.5, 0.3, 0.15, 0.05])
   np.testing.assert_allclose(hot, [expected / expected.sum()], atol=1e-6)
+
+
+@pytest.mark.parametrize("V", [50, 3000])  # one level; two levels with a padded last block
+def test_inverse_cdf_draws_follow_the_distribution(V):
+  rng = np.random.default_rng(V)
+  logits = rng.normal(size=V) * 2
+  logits[rng.random(V) < 0.3] = -np.inf  # cut tokens (as top-k/top-p leave them)
+  logits[:200] = -np.inf if V > 200 else logits[:200]  # a whole block without mass
+  logits[-1] = -np.inf
+  logp = jax.nn.log_softmax(jnp.asarray(logits, jnp.float32))
+  rows = 20_000
+  draw = jax.jit(lambda k: sample_from_logprobs(k, jnp.broadcast_to(logp, (rows, V))))
+  tokens = np.concatenate([np.asarray(draw(jax.random.key(i))) for i in range(10)])
+  counts = np.bincount(tokens, minlength=V)
+  probs = np.exp(np.asarray(logp, np.float64))
+  assert counts[probs == 0].sum() == 0
+  expected = probs * len(tokens)
+  kept = expected > 0
+  chi2 = ((counts[kept] - expected[kept]) ** 2 / expected[kept]).sum()
+  dof = kept.sum() - 1
+  assert chi2 < dof + 5 * np.sqrt(2 * dof), (chi2, dof)
+
+
+def test_a_target_past_the_last_sum_draws_the_last_possible_token():
+  probs = jnp.array([[0.5, 0.5, 0.0, 0.0]])
+  cdf = jnp.cumsum(probs, axis=-1)
+  assert int(_invert_cdf(cdf, jnp.array([[1.0]]), probs)[0]) == 1
+  assert int(_invert_cdf(cdf, jnp.array([[0.5]]), probs)[0]) == 1
+  assert int(_invert_cdf(cdf, jnp.array([[0.49]]), probs)[0]) == 0
 
 
 def test_8_device_mesh_gives_same_samples(model):

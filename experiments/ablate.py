@@ -96,6 +96,16 @@ def _flags(settings: dict) -> list[str]:
   return [f"--config.{k}={v}" for k, v in settings.items()]
 
 
+def _commit() -> str:
+  """The code the grid ran: HEAD, marked `+changes` when the working tree differs from it."""
+  git = lambda *a: subprocess.run(["git", *a], cwd=REPO, capture_output=True, text=True)
+  head = git("rev-parse", "--short", "HEAD")
+  if head.returncode:
+    return "unknown (not a git checkout)"
+  dirty = git("status", "--porcelain", "--untracked-files=no").stdout.strip()
+  return head.stdout.strip() + ("+changes" if dirty else "")
+
+
 def _env(out: Path) -> dict:
   """The runs share a persistent compilation cache: seeds 2.. skip XLA compilation."""
   env = dict(os.environ)
@@ -311,7 +321,7 @@ def report(results: dict, suite: Suite, out: Path) -> Path:
     suite.description,
     "",
     f"- Command: `{meta['command']}`",
-    f"- Machine: {meta['machine']}",
+    f"- Machine: {meta['machine']}; code: commit {meta.get('commit', 'not recorded')}",
     f"- Seeds: {meta['seeds']}; {suite.steps if not meta['smoke'] else SMOKE['run.steps']} "
     f"RL steps per run; grid wall time {meta['wall_minutes']:.1f} min ({meta['jobs']} runs at a "
     "time).",
@@ -405,6 +415,7 @@ def main(argv=None) -> Path:
     "jobs": args.jobs,
     "command": "python -m experiments.ablate " + " ".join(argv or sys.argv[1:]),
     "machine": _machine(),
+    "commit": _commit(),
     "date": datetime.date.today().isoformat(),
     "wall_minutes": (time.monotonic() - start) / 60,
   }
@@ -412,7 +423,8 @@ def main(argv=None) -> Path:
   if not executed and previous.exists():  # nothing ran: keep when and how the grid did run
     old = json.loads(previous.read_text())["meta"]
     if (old["seeds"], old["smoke"]) == (args.seeds, args.smoke):
-      meta |= {k: old[k] for k in ("command", "date", "wall_minutes", "jobs", "machine")}
+      keep = ("command", "commit", "date", "wall_minutes", "jobs", "machine")
+      meta |= {k: old[k] for k in keep if k in old}
   results = {"meta": meta, "runs": collect(out, suite, args.seeds)}
   (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
   path = report(results, suite, out)

@@ -97,12 +97,14 @@ def _flags(settings: dict) -> list[str]:
 
 
 def _commit() -> str:
-  """The code the grid ran: HEAD, marked `+changes` when the working tree differs from it."""
+  """The code the grid ran: HEAD, marked `+changes` when the working tree's code (Python
+  files, pyproject.toml) differs from it."""
   git = lambda *a: subprocess.run(["git", *a], cwd=REPO, capture_output=True, text=True)
   head = git("rev-parse", "--short", "HEAD")
   if head.returncode:
     return "unknown (not a git checkout)"
-  dirty = git("status", "--porcelain", "--untracked-files=no").stdout.strip()
+  dirty = git("status", "--porcelain", "--untracked-files=no", "--", "*.py", "pyproject.toml")
+  dirty = dirty.stdout.strip()
   return head.stdout.strip() + ("+changes" if dirty else "")
 
 

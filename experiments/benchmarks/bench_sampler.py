@@ -58,6 +58,27 @@ def measure_matmul_flops(m, k, n, dtype):
   return 2 * m * k * n / time_fn(jax.jit(jnp.matmul), a, b, repeats=10)
 
 
+def measure_weight_streaming(cfg, constant: bool, layers=16, repeats=20):
+  """Bytes/s at which a chain of decode-shaped matmuls (`[B, D] x [D, F]`, `layers` distinct
+  weights, more than the last-level cache holds) reads its weights: passed as runtime
+  arguments, as a decode step gets them, or baked in as compile-time constants."""
+  D, F = cfg.hidden_size, cfg.intermediate_size
+  ws = jax.random.normal(jax.random.key(0), (layers, D, F), cfg.dtype)
+  x = jnp.ones((B, D), cfg.dtype)
+
+  def chain(x, ws):
+    def body(_, x):
+      for w in ws:
+        x = x + (x @ w)[:, :D] * 1e-3
+      return x
+
+    return jax.lax.fori_loop(0, repeats, body, x)
+
+  fn = jax.jit(lambda x: chain(x, ws)) if constant else jax.jit(chain)
+  args = (x,) if constant else (x, ws)
+  return repeats * ws.nbytes / time_fn(fn, *args, repeats=5)
+
+
 def decode_step_flops(cfg):
   """Multiply-adds x 2 of one decode step: every matmul parameter once per row, plus attention
   over the full cache."""
@@ -164,11 +185,15 @@ def main(argv=None):
   flops = decode_step_flops(cfg)
   peak = measure_matmul_flops(2048, 2048, 2048, cfg.dtype)
   small = measure_matmul_flops(B, cfg.hidden_size, cfg.intermediate_size, cfg.dtype)
+  runtime_bw = measure_weight_streaming(cfg, constant=False)
+  constant_bw = measure_weight_streaming(cfg, constant=True)
   results.update(
     flops_per_step=flops,
     achieved_gflops=flops / step_s / 1e9,
     matmul_peak_gflops=peak / 1e9,
     decode_matmul_gflops=small / 1e9,
+    weight_stream_runtime_gb_s=runtime_bw / 1e9,
+    weight_stream_constant_gb_s=constant_bw / 1e9,
   )
   print(
     f"jaxrl_llm generate: {tok_s:8.0f} tokens/s  ({t_full:.2f} s; decode step "
@@ -183,6 +208,11 @@ def main(argv=None):
     f"compute: {flops / 1e9:.2f} GFLOP per decode step at {flops / step_s / 1e9:.0f} GFLOP/s; "
     f"a [{B}x{cfg.hidden_size}]x[{cfg.hidden_size}x{cfg.intermediate_size}] matmul alone "
     f"runs at {small / 1e9:.0f} GFLOP/s, a 2048^3 one at {peak / 1e9:.0f}"
+  )
+  print(
+    f"weights: a chain of [{B}x{cfg.hidden_size}]x[{cfg.hidden_size}x{cfg.intermediate_size}] "
+    f"matmuls reads its weights at {runtime_bw / 1e9:.1f} GB/s when they are runtime arguments "
+    f"(as in decoding), {constant_bw / 1e9:.1f} GB/s when they are compile-time constants"
   )
   if importlib.util.find_spec("torch") and importlib.util.find_spec("transformers"):
     t_hf, torch_info = bench_transformers(model, prompt, mask, args.repeats)

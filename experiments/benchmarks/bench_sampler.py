@@ -9,7 +9,10 @@ torch and transformers installed (the `bench` extra) also runs
 `transformers.generate` on the identical weights (exported with `save_model`)
 in the same process, and prints the ratio. The roofline fraction compares the
 bytes a decode step must read (params plus the whole KV cache) per step time
-with the bandwidth of a streaming read measured in the same run.
+with the bandwidth of a streaming read measured in the same run. To show where a decode
+step's time goes, it also measures how fast a chain of decode-shaped matmuls reads its
+weights when they are runtime arguments (as in decoding) and when they are compile-time
+constants.
 """
 
 import argparse

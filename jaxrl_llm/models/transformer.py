@@ -186,7 +186,9 @@ class Attention(nnx.Module):
     scores = jnp.einsum(scores_eq, q_BxKxGxLxH, keys, preferred_element_type=jnp.float32) * H**-0.5
     scores = jnp.where(visible_BxLxS[:, None, None], scores, _MASKED)
     probs = jax.nn.softmax(scores, axis=-1).astype(dt)
-    out_BxKxGxLxH = jnp.einsum("bkgls,bksh->bkglh", probs, v_BxKxSxH)
+    out_BxKxGxLxH = jnp.einsum(
+      "bkgls,bksh->bkglh", probs, v_BxKxSxH, preferred_element_type=jnp.float32
+    ).astype(dt)
     out_BxLxNH = out_BxKxGxLxH.transpose(0, 3, 1, 2, 4).reshape(B, L, cfg.num_heads * H)
     # As a 2-D matmul with the weight's own [N*H, D] view: the 3-D contraction made XLA's CPU
     # backend transpose the weight on every call.

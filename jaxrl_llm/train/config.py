@@ -373,7 +373,7 @@ def validate(cfg: TrainConfig, num_devices: int | None = None) -> None:
   )
   if a.share_prompts:
     _check(
-      r.group_size > 1 and cfg.micro_batch_rows % r.group_size == 0,
+      cfg.share_prompts,
       f"config.algo.share_prompts=True needs micro-batches of whole groups, but a micro-batch "
       f"holds {cfg.micro_batch_rows} sequences and a group {r.group_size}; lower "
       "config.algo.num_minibatches or config.algo.micro_batches, or leave share_prompts unset.",

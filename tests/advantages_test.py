@@ -49,6 +49,23 @@ def test_gae_by_hand():
   np.testing.assert_allclose(ret, [[a0 + 0.5, a1 + 0.6, a2 + 0.7]], rtol=1e-6)
 
 
+def test_gae_bootstraps_a_cut_off_row():
+  # Row 0 was cut off by the token budget: its return continues from V(s_T) = 2.0. Row 1 ended
+  # (bootstrap 0) and has a hole after its last token, which the bootstrap passes through.
+  r = jnp.array([[0.0, 1.0], [1.0, 0.0]])
+  v = jnp.array([[0.5, 0.6], [0.3, 9.0]])
+  m = jnp.array([[1, 1], [1, 0]])
+  adv, ret = gae(r, v, m, gamma=0.9, lam=0.5, bootstrap_value_B=jnp.array([2.0, 0.0]))
+  a1 = 1.0 + 0.9 * 2.0 - 0.6
+  a0 = 0.0 + 0.9 * 0.6 - 0.5 + 0.45 * a1
+  b0 = 1.0 - 0.3
+  np.testing.assert_allclose(adv, [[a0, a1], [b0, 0.0]], rtol=1e-6)
+  np.testing.assert_allclose(ret, [[a0 + 0.5, a1 + 0.6], [b0 + 0.3, 0.0]], rtol=1e-6)
+  terminal, _ = gae(r, v, m, gamma=0.9, lam=0.5)
+  np.testing.assert_allclose(terminal[1], adv[1])  # only the cut-off row changes
+  assert not np.allclose(terminal[0], adv[0])
+
+
 def test_gae_hole_is_not_an_episode_end():
   # Token 1 is an observation: its reward and value are skipped; token 0 bootstraps from token 2.
   r = jnp.array([[0.0, 5.0, 1.0, 0.0]])

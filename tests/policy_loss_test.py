@@ -149,3 +149,14 @@ def test_bad_advantage_shape():
   logp, adv, mask = _batch()
   with pytest.raises(ValueError, match="advantages"):
     ppo_clip(logp, logp, adv[:, :2], mask)
+
+
+def test_cispo_default_bounds_are_scalerls():
+  """No lower bound (MiniMax-M1) and the weight capped at 5 (ScaleRL), not DAPO's 1.28."""
+  logp = jnp.log(jnp.array([[0.3, 0.8, 0.9, 0.01]]))
+  old = jnp.log(jnp.array([[0.1, 0.2, 0.1, 0.5]]))  # ratios 3, 4, 9, 0.02
+  adv, mask = jnp.ones((1,)), jnp.ones((1, 4))
+  loss, metrics = cispo(logp, old, adv, mask)
+  np.testing.assert_allclose(loss, [[-3.0, -4.0, -5.0, -0.02]], rtol=1e-5)
+  np.testing.assert_allclose(metrics["clipfrac_high"], 0.25)
+  np.testing.assert_allclose(metrics["clipfrac_low"], 0.0)

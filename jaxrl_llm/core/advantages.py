@@ -48,7 +48,7 @@ def _gae_step(carry: GaeCarry, xs, *, gamma, lam):
   return new_carry, jnp.where(m_t, adv_t, 0.0)
 
 
-def gae(rewards_BxT, values_BxT, mask_BxT, *, gamma, lam, unroll=1):
+def gae(rewards_BxT, values_BxT, mask_BxT, *, gamma, lam, bootstrap_value_B=None, unroll=1):
   """Generalised advantage estimation (Schulman et al., 2016, arXiv:1506.02438).
 
     delta_t = r_t + gamma * V(s_{t'}) - V(s_t)
@@ -58,8 +58,10 @@ def gae(rewards_BxT, values_BxT, mask_BxT, *, gamma, lam, unroll=1):
   where t' is the next position with mask 1 after t. Masked positions are
   skipped: the recursion carries through them untouched and they get A = R = 0,
   so a hole in the mask is not an episode end, and its rewards are ignored
-  (put a turn's reward on a response token). Past the last response token
-  nothing bootstraps: V = 0 and A = 0 (the episode ends there).
+  (put a turn's reward on a response token). Past the last response token,
+  V(s_{t'}) is `bootstrap_value_B` (default 0: the episode ended there). Pass the
+  critic's value of the state after the last token for rows that were cut off by the
+  token budget rather than ended, and 0 for the rest.
 
   Computed with a reverse `jax.lax.scan` over time; `unroll` trades compile
   time for fewer loop iterations.
@@ -77,9 +79,10 @@ def gae(rewards_BxT, values_BxT, mask_BxT, *, gamma, lam, unroll=1):
   m_TxB = mask_BxT.T > 0
   # zeros_like keeps the inputs' varying mesh axes, as shard_map's scan carry must.
   zeros_B = jnp.zeros_like(r_TxB[0] + v_TxB[0])
+  v_end_B = zeros_B if bootstrap_value_B is None else zeros_B + bootstrap_value_B
   step = functools.partial(_gae_step, gamma=gamma, lam=lam)
   _, adv_TxB = jax.lax.scan(
-    step, GaeCarry(zeros_B, zeros_B), (r_TxB, v_TxB, m_TxB), reverse=True, unroll=unroll
+    step, GaeCarry(v_end_B, zeros_B), (r_TxB, v_TxB, m_TxB), reverse=True, unroll=unroll
   )
   adv_BxT = adv_TxB.T
   returns_BxT = jnp.where(mask_BxT > 0, adv_BxT + values_BxT.astype(jnp.float32), 0.0)

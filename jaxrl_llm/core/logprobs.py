@@ -62,12 +62,14 @@ def chunked_token_logprobs(
 ):
   """`token_logprobs` (and optionally `entropy`) computed `chunk_size` positions at a time.
 
-  Gives the same values and gradients as the unchunked functions, but never holds
-  a float32 `[B, T, V]` array: each scan step upcasts only a `[chunk_size, V]`
-  slice of the flattened `[B*T, V]` logits, and the step is rematerialised
-  (`jax.checkpoint`) so the backward pass does not stack the per-chunk float32
-  softmax either. With bf16 logits at V = 150k this halves the peak memory of
-  the log-prob computation.
+  Gives the same values and gradients as the unchunked functions, and never makes a
+  float32 `[B, T, V]` array of bfloat16 logits: each scan step upcasts only a
+  `[chunk_size, V]` slice of the flattened `[B*T, V]` logits, and the step is
+  rematerialised (`jax.checkpoint`) so the backward pass does not stack the per-chunk
+  float32 softmax either. It does not lower peak memory, though: the logits themselves
+  are `[B, T, V]`, and the backward stacks their gradient and a padded copy of them in
+  the logits' dtype (`experiments/benchmarks/bench_core.py` measures it). Log-probs
+  that never see `[B, T, V]` at all have to start from the hidden states.
 
   Returns:
     `logp_BxT`, or `(logp_BxT, entropy_BxT)` when `with_entropy`.

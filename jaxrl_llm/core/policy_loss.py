@@ -147,7 +147,7 @@ def cispo(
   mask_BxT,
   *,
   clip_low=None,
-  clip_high=0.28,
+  clip_high=4.0,
   axis_name=None,
 ):
   """CISPO, Clipped IS-weight Policy Optimization (MiniMax-M1, 2025, arXiv:2506.13585).
@@ -155,8 +155,11 @@ def cispo(
     w_t = sg(clip(r_t, 1 - clip_low, 1 + clip_high)),   grad L = -sum_t w_t A_t grad log pi(y_t)
 
   Unlike PPO, the importance weight is clipped and stopped, never the token's
-  gradient: a clipped token still learns, with weight w_t. MiniMax sets no
-  lower bound (`clip_low=None`). This returns the token form
+  gradient: a clipped token still learns, with weight w_t. MiniMax-M1 sets no lower
+  bound (`clip_low=None`: w_t >= 0) and tunes only the upper one, without publishing
+  it; the default upper bound is ScaleRL's (Khatri et al., 2025, arXiv:2510.13786),
+  which clips the weight to [0, 5] and reports results insensitive to that cap
+  between 4 and 8. This returns the token form
 
     L_t = -A_t * (w_t + w_t * (log pi(y_t) - sg(log pi(y_t))))
 

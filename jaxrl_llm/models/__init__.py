@@ -2,7 +2,7 @@
 
 from jaxrl_llm.models.config import ModelConfig, RopeScaling, from_hf_config, to_hf_config
 from jaxrl_llm.models.heads import RewardModel, ScalarHeadModel, ValueModel
-from jaxrl_llm.models.hf import CheckpointError, load_model, save_model
+from jaxrl_llm.models.hf import CheckpointError, end_token_ids, load_model, save_model
 from jaxrl_llm.models.tokenizer import CharTokenizer, HFTokenizer, load_tokenizer
 from jaxrl_llm.models.transformer import (
   CausalLM,
@@ -29,6 +29,7 @@ __all__ = [
   "ValueModel",
   "apply",
   "completion_hidden",
+  "end_token_ids",
   "from_hf_config",
   "init_cache",
   "load_model",

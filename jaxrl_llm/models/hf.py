@@ -104,6 +104,38 @@ def read_config(path) -> dict:
     raise CheckpointError(f"{config_file} is not valid JSON: {e}.") from None
 
 
+def _ids(value, where: Path) -> set[int]:
+  """An `eos_token_id` entry (an int, a list of ints, or null) as a set of ids."""
+  if value is None:
+    return set()
+  values = value if isinstance(value, list) else [value]
+  if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
+    raise CheckpointError(
+      f"{where}: eos_token_id must be a token id or a list of them, got {value!r}."
+    )
+  return set(values)
+
+
+def end_token_ids(path) -> tuple[int, ...]:
+  """Every id a checkpoint declares as ending generation: `eos_token_id` of
+  `generation_config.json` and of `config.json` (each an int or a list).
+
+  Chat models end a turn with an id that is not always the tokenizer's `eos_token`
+  (Qwen2.5's `<|im_end|>` and `<|endoftext|>`, Llama-3-Instruct's `<|eot_id|>` and
+  `<|end_of_text|>`), and list them here; the sampler stops on any of them.
+  """
+  path = Path(path)
+  ids = _ids(read_config(path).get("eos_token_id"), path / "config.json")
+  generation_file = path / "generation_config.json"
+  if generation_file.exists():
+    try:
+      generation = json.loads(generation_file.read_text())
+    except json.JSONDecodeError as e:
+      raise CheckpointError(f"{generation_file} is not valid JSON: {e}.") from None
+    ids |= _ids(generation.get("eos_token_id"), generation_file)
+  return tuple(sorted(ids))
+
+
 def tensor_files(path) -> dict[str, Path]:
   """Tensor name -> safetensors file, from the shard index or the single file."""
   path = Path(path)
@@ -119,7 +151,10 @@ def tensor_files(path) -> dict[str, Path]:
     found = sorted(p.name for p in path.iterdir())
     hint = ""
     if any(f.endswith(".bin") for f in found):
-      hint = " PyTorch .bin checkpoints are not read (pickle); convert them to safetensors."
+      hint = (
+        " PyTorch .bin checkpoints are not read (pickle); convert them to safetensors, e.g."
+        " with transformers: AutoModelForCausalLM.from_pretrained(<dir>).save_pretrained(<dir>)."
+      )
     raise CheckpointError(
       f"{path} has neither {SINGLE_FILE} nor {INDEX_FILE} (found {found}).{hint}"
     )
@@ -165,7 +200,8 @@ def load_model(
   try:
     cfg = from_hf_config(read_config(path), param_dtype=param_dtype or dtype, dtype=dtype)
   except (KeyError, ValueError) as e:
-    raise CheckpointError(f"{path / 'config.json'}: {e}") from None
+    reason = str(e).removeprefix("config.json: ")
+    raise CheckpointError(f"{path / 'config.json'}: {reason}") from None
   files = tensor_files(path)
   specs = {spec.hf_name: spec for spec in tensor_specs(cfg)}
   missing = [name for name in specs if name not in files]

@@ -82,7 +82,10 @@ class HFTokenizer:
     path = Path(path)
     tok_file = path / "tokenizer.json"
     if not tok_file.exists():
-      raise FileNotFoundError(f"{tok_file} is missing; a fast (tokenizers) tokenizer is needed.")
+      raise FileNotFoundError(
+        f"{tok_file} is missing; the directory needs its fast tokenizer (transformers writes "
+        "it with AutoTokenizer.from_pretrained(...).save_pretrained(<this directory>))."
+      )
     config_file = path / "tokenizer_config.json"
     config = json.loads(config_file.read_text()) if config_file.exists() else {}
     template = config.get("chat_template")

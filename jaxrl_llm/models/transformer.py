@@ -283,10 +283,18 @@ class Decoder(nnx.Module):
 
 
 def completion_hidden(
-  decoder: Decoder, prompt_BxP, prompt_mask_BxP, tokens_BxN, mask_BxN, group_size: int = 1
+  decoder: Decoder,
+  prompt_BxP,
+  prompt_mask_BxP,
+  tokens_BxN,
+  mask_BxN,
+  group_size: int = 1,
+  *,
+  with_last: bool = False,
 ):
   """Teacher-forced final hidden states `[B, N, D]` at the positions that predict each
-  completion token: the prompt's last slot, then completion slots 0 .. N-2.
+  completion token: the prompt's last slot, then completion slots 0 .. N-2. With
+  `with_last`, `[B, N + 1, D]`: completion slot N-1 too (the state after the last token).
 
   With `group_size` G > 1 the rows come in groups of G consecutive rows that share one prompt
   (as `rollout.generate` returns them). Each prompt then runs once: its keys and values are
@@ -300,7 +308,7 @@ def completion_hidden(
   if group_size == 1:
     seq_BxL = jnp.concatenate([prompt_BxP, tokens_BxN], axis=1)
     hidden_BxLxD, _ = decoder(seq_BxL, mask_BxL=seq_mask_BxL)
-    return hidden_BxLxD[:, P - 1 : -1]
+    return hidden_BxLxD[:, P - 1 :] if with_last else hidden_BxLxD[:, P - 1 : -1]
   if B % group_size:
     raise ValueError(f"{B} rows do not form groups of {group_size}.")
   G = group_size
@@ -313,7 +321,8 @@ def completion_hidden(
   repeat = lambda x: jnp.repeat(x, G, axis=0)
   cache = cache._replace(layers=jax.tree.map(repeat, cache.layers), mask_BxS=repeat(cache.mask_BxS))
   hidden_BxNxD, _ = decoder(tokens_BxN, positions_BxL[:, P:], mask_BxN, cache)
-  return jnp.concatenate([repeat(prompt_hidden[:, -1:]), hidden_BxNxD[:, :-1]], axis=1)
+  completion = hidden_BxNxD if with_last else hidden_BxNxD[:, :-1]
+  return jnp.concatenate([repeat(prompt_hidden[:, -1:]), completion], axis=1)
 
 
 class CausalLM(nnx.Module):

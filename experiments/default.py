@@ -3,10 +3,13 @@
   python -m jaxrl_llm.train --config experiments/default.py [--config.algo.estimator=rloo ...]
 
 Task: "a+b=" with 10 <= a, b <= 99 (answers 20..198), exact-match reward. The
-policy is a 2-layer, 64-wide Qwen2-shaped model over a 14-character vocabulary.
-It is first fitted for 300 steps on 1024 labelled problems (held-out greedy
-accuracy about 6%), then trained with GRPO for 1500 steps on 4096 unlabelled
-problems; held-out accuracy (512 problems never seen) rises to about 64%. PPO:
+policy is a 2-layer, 64-wide Qwen2-shaped model over a 15-token vocabulary (pad,
+EOS, the ten digits, "=", "+" and "-"). It is first fitted for 300 steps on 1024
+labelled problems, then trained with GRPO for 1500 steps on 4096 unlabelled problems:
+std-normalised group advantages, the loss aggregated as DeepSeekMath does (each
+completion's token mean, then the mean over completions), no KL term. The run prints
+held-out greedy accuracy on 512 problems it never saw, before and after RL; the README
+gives the measured figures (from experiments/results/default_run.jsonl). PPO:
 --config.algo.estimator=gae (adds a critic and GAE).
 """
 
@@ -23,7 +26,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.algo.update(
     estimator="grpo",
     policy_loss="ppo_clip",
-    aggregation="token-mean",
+    aggregation="seq-mean-token-mean",  # GRPO's 1/|o_i| inside the mean over the group
     kl_placement="loss",
     kl_estimator="k3",
     kl_coef=0.0,

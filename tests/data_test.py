@@ -5,12 +5,11 @@ import numpy as np
 import pytest
 from train_test import small_config
 
-from jaxrl_llm.data import ArithmeticTask, left_pad
+from jaxrl_llm.data import ArithmeticTask, left_pad, prompt_iterator
 from jaxrl_llm.data.countdown import CountdownTask
 from jaxrl_llm.data.gsm8k import GSM8KFile, load_gsm8k_file
 from jaxrl_llm.rewards import countdown_reward, exact_match
 from jaxrl_llm.train import train
-from jaxrl_llm.train.loop import PromptStream
 
 GSM8K = "tests/fixtures/gsm8k_sample.jsonl"
 
@@ -81,25 +80,30 @@ def test_malformed_gsm8k_files_name_file_and_line(tmp_path, content, message):
     load_gsm8k_file(tmp_path / "g.jsonl")
 
 
-def test_prompt_stream_restores_exactly_across_epochs():
+def test_prompt_iterator_restores_exactly_across_epochs():
   examples = [{"prompt": str(i)} for i in range(10)]
-  stream = PromptStream(examples, batch_size=4, seed=7)
+  stream = prompt_iterator(examples, batch_size=4, seed=7)
   for _ in range(2):
-    stream.next()
-  saved = stream.state()  # position 8 of epoch 0: the next batch crosses the epoch boundary
-  expected = [stream.next() for _ in range(4)]
-  again = PromptStream(examples, batch_size=4, seed=7)
-  again.restore(saved)
-  assert [again.next() for _ in range(4)] == expected
-  assert again.state()["epoch"] == 2  # 24 prompts drawn from 10: two boundaries crossed
-  fresh = PromptStream(examples, batch_size=5, seed=7)
-  fresh.next(), fresh.next()
-  at_boundary = fresh.state()  # exactly at the end of epoch 0
-  after = PromptStream(examples, batch_size=5, seed=7)
-  after.restore(at_boundary)
-  assert after.next() == fresh.next()
-  with pytest.raises(ValueError, match="seed"):
-    PromptStream(examples, 4, seed=8).restore(saved)
+    next(stream)
+  saved = stream.get_state()  # 8 of epoch 0 drawn: the next batch crosses the epoch boundary
+  expected = [next(stream) for _ in range(4)]
+  again = prompt_iterator(examples, batch_size=4, seed=7)
+  again.set_state(json.loads(json.dumps(saved)))  # the state goes into the checkpoint as JSON
+  assert [next(again) for _ in range(4)] == expected
+  fresh = prompt_iterator(examples, batch_size=4, seed=7)
+  drawn = [e["prompt"] for _ in range(8) for e in next(fresh)]
+  epochs = [drawn[i : i + 10] for i in (0, 10, 20)]
+  assert all(sorted(e) == sorted(str(i) for i in range(10)) for e in epochs)  # permutations
+  assert epochs[0] != epochs[1] != epochs[2]  # reshuffled each epoch
+
+
+def test_prompt_iterator_shards_each_global_batch():
+  """Two processes taking their rows of each batch see exactly the one-process batches."""
+  examples = [{"prompt": str(i)} for i in range(10)]
+  whole = prompt_iterator(examples, batch_size=4, seed=3)
+  halves = [prompt_iterator(examples, 4, seed=3, rows=slice(2 * p, 2 * p + 2)) for p in (0, 1)]
+  for _ in range(6):
+    assert next(whole) == next(halves[0]) + next(halves[1])
 
 
 def test_left_pad():

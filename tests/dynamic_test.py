@@ -16,6 +16,7 @@ def _round(scores, prompt_len, offset):
     np.arange(B)[:, None] + offset + np.zeros((B, 3), np.int32),
     np.ones((B, 3), bool),
     np.asarray(scores, np.float32),
+    np.zeros(B, bool),
   )
 
 

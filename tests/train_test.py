@@ -74,7 +74,9 @@ def _one_batch(learner, cfg, seed=0):
   examples = task.spec.examples("train", cfg.rollout.prompts_per_step, seed)
   prompt, out = loop_lib._rollout(learner, task, examples, cfg, jax.random.key(seed))
   scores, _, _ = loop_lib._score(learner, task, examples, out, cfg)
-  return step_lib.Batch(*prompt, out.tokens_BxN, out.mask_BxN, learner.shard_batch(scores))
+  return step_lib.Batch(
+    *prompt, out.tokens_BxN, out.mask_BxN, learner.shard_batch(scores), out.truncated_B
+  )
 
 
 def _learner(cfg):
@@ -117,18 +119,54 @@ def test_accumulation_does_not_change_loss_or_gradient(tmp_path, mode):
   exp, _ = learner.experience(_one_batch(learner, cfg))
   objective = functools.partial(step_lib.policy_objective, policy_def=learner.policy_def, cfg=cfg)
   denominator = core.aggregate_denominator(exp.batch.mask_BxN, mode)
+  # Old log-probs off the current policy, so the ratios (and their clip fractions) are not
+  # trivially 1 and 0.
+  noise = jax.random.normal(jax.random.key(1), exp.old_logp_BxN.shape) * 0.3
+  exp = exp._replace(old_logp_BxN=exp.old_logp_BxN + noise)
   results = []
   for micro in (1, 2, 4, 8):
     split = jax.tree.map(lambda x, m=micro: x.reshape(m, -1, *x.shape[1:]), exp)
-    loss, grads, _ = step_lib._accumulate(
-      objective, learner.state.policy, split, denominator, learner.state.kl.coef
+    results.append(
+      step_lib._accumulate(
+        objective, learner.state.policy, split, denominator, learner.state.kl.coef, 0.01
+      )
     )
-    results.append((loss, grads))
-  for loss, grads in results[1:]:
+  metrics = results[0][2]
+  assert metrics["clipfrac_low"] > 0 and metrics["clipfrac_high"] > 0
+  tokens = [int(m.sum()) for m in exp.loss_mask_BxN.reshape(8, -1, exp.loss_mask_BxN.shape[-1])]
+  assert len(set(tokens)) > 1  # micro-batches of unequal token counts
+  for loss, grads, micro_metrics in results[1:]:
     np.testing.assert_allclose(loss, results[0][0], rtol=1e-6, atol=1e-7)
     jax.tree.map(
       functools.partial(np.testing.assert_allclose, rtol=1e-5, atol=1e-7), grads, results[0][1]
     )
+    # The logged loss, clip fractions, entropy, ... are the whole minibatch's.
+    jax.tree.map(
+      functools.partial(np.testing.assert_allclose, rtol=1e-5, atol=1e-7), micro_metrics, metrics
+    )
+
+
+def test_critic_metrics_do_not_depend_on_micro_batches(tmp_path):
+  cfg = small_config(tmp_path, **{"algo.estimator": "gae", "algo.cliprange_value": 0.05})
+  learner = _learner(cfg)
+  exp, _ = learner.experience(_one_batch(learner, cfg))
+  noise = jax.random.normal(jax.random.key(2), exp.old_values_BxN.shape) * 0.2
+  exp = exp._replace(old_values_BxN=exp.old_values_BxN + noise)
+  objective = functools.partial(step_lib.critic_objective, critic_def=learner.critic_def, cfg=cfg)
+  denominator = core.aggregate_denominator(exp.loss_mask_BxN, cfg.algo.aggregation)
+  results = [
+    step_lib._accumulate(
+      objective,
+      learner.state.critic,
+      jax.tree.map(lambda x, m=micro: x.reshape(m, -1, *x.shape[1:]), exp),
+      denominator,
+    )
+    for micro in (1, 4)
+  ]
+  (loss, _, whole), (_, _, split) = results
+  assert 0 < whole["vf_clipfrac"] < 1
+  np.testing.assert_allclose(whole["value_loss"], loss, rtol=1e-6)
+  jax.tree.map(functools.partial(np.testing.assert_allclose, rtol=1e-5, atol=1e-7), split, whole)
 
 
 @pytest.mark.parametrize("estimator", ["grpo", "gae"])
@@ -245,6 +283,27 @@ def test_nan_updates_are_skipped_then_stop(tmp_path):
   "overrides,message",
   [
     ({"rollout.group_size": 1}, r"group_size=1 with config.algo.estimator='grpo'"),
+    (
+      {"rollout.group_size": 1, "algo.estimator": "dr_grpo"},
+      r"group_size=1 with config.algo.estimator='dr_grpo'.*every advantage is 0",
+    ),
+    (
+      {"rollout.group_size": 1, "algo.estimator": "reinforce_plus_plus_baseline"},
+      r"group_size=1 with config.algo.estimator='reinforce_plus_plus_baseline'",
+    ),
+    ({"rollout.group_size": 1, "algo.estimator": "opo"}, r"estimator='opo'"),
+    (
+      {"algo.kl_placement": "none", "algo.kl_coef": 0.1},
+      r"kl_placement='none' with config.algo.kl_coef=0.1.*kl_placement='loss'",
+    ),
+    ({"rollout.top_k": 50}, r"config.rollout.top_k=50 truncates.*unset \(or 0\)"),
+    ({"rollout.top_p": 0.9}, r"config.rollout.top_p=0.9 truncates.*unset \(or 1.0\)"),
+    (
+      {"model.param_dtype": "bfloat16"},
+      r"param_dtype='bfloat16'.*param_dtype='float32' with config.model.dtype='bfloat16'",
+    ),
+    ({"algo.truncation": "bootstrap"}, r"truncation='bootstrap'.*estimator='grpo' has no critic"),
+    ({"algo.truncation": "drop"}, r"config.algo.truncation='drop'; use"),
     ({"algo.estimator": "gpro"}, r"config.algo.estimator='gpro' is unknown.*grpo"),
     ({"algo.policy_loss": "ppo"}, r"config.algo.policy_loss='ppo' is unknown.*ppo_clip"),
     ({"algo.aggregation": "mean"}, r"config.algo.aggregation='mean' is unknown"),
@@ -265,6 +324,14 @@ def test_nan_updates_are_skipped_then_stop(tmp_path):
 def test_bad_configs_name_the_key(tmp_path, overrides, message):
   with pytest.raises(ConfigError, match=message):
     small_config(tmp_path, **overrides)
+
+
+@pytest.mark.parametrize(
+  "overrides",
+  [{"rollout.top_k": 0, "rollout.top_p": 1.0}, {"algo.estimator": "gae", "rollout.group_size": 1}],
+)
+def test_no_op_settings_are_accepted(tmp_path, overrides):
+  small_config(tmp_path, **overrides)
 
 
 def test_unknown_key_suggests_the_right_one(tmp_path):

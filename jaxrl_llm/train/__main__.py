@@ -23,6 +23,8 @@ def main(argv):
   except ConfigError as e:
     sys.exit(f"config error: {e}")
   distributed.initialize(cfg.distributed)  # before anything touches the devices
+  if jax.process_index() == 0:
+    print(f"run: {cfg.describe()}", flush=True)
   try:
     summary = train(cfg)
   except ConfigError as e:

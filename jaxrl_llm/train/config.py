@@ -58,6 +58,8 @@ class TaskSection:
   prompt_length: int = 8  # the longest prompt, in tokens
   prompt_buckets: tuple = ()  # shorter padded lengths to use when a batch fits (few shapes)
   template: str = "plain"  # "plain": the prompt text; "chat": a user turn in the chat template
+  # Drop prompts longer than prompt_length (counted in the logs) instead of stopping the run.
+  filter_overlong_prompts: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,8 +79,8 @@ class RolloutSection:
   group_size: int = 8
   max_new_tokens: int = 5
   temperature: float = 1.0
-  top_k: int | None = None
-  top_p: float | None = None
+  top_k: int | None = None  # None (or 0): no truncation; RL needs none (see validate)
+  top_p: float | None = None  # None (or 1.0): no truncation
   dynamic_sampling: bool = False  # DAPO: replace groups with equal rewards by fresh ones
   max_extra_rounds: int = 2  # rollouts beyond the first that dynamic sampling may take
 
@@ -113,6 +115,11 @@ class AlgoSection:
   cliprange_value: float | None = 0.2
   critic_warmup_steps: int = 0
   track_kl: bool = False  # keep the reference and log KL to it even when kl_coef is 0
+  # Completions cut off at rollout.max_new_tokens: "bootstrap" (GAE continues from the
+  # critic's value after the last token), "mask" (left out of the loss, DAPO's overlong
+  # filtering) or "terminal" (scored as if they had ended). None: bootstrap with a critic,
+  # terminal otherwise.
+  truncation: str | None = None
   # Score a group's completions against one forward pass of their shared prompt (minibatches
   # then hold whole groups). None: whenever every micro-batch holds whole groups; True:
   # required (an error otherwise); False: every row runs its own prompt.
@@ -243,6 +250,25 @@ class TrainConfig:
   def uses_critic(self) -> bool:
     return self.algo.estimator == "gae"
 
+  @property
+  def truncation(self) -> str:
+    """What a completion cut off at `rollout.max_new_tokens` is: see `AlgoSection.truncation`."""
+    if self.algo.truncation is not None:
+      return self.algo.truncation
+    return "bootstrap" if self.uses_critic else "terminal"
+
+  def describe(self) -> str:
+    """One line naming the algorithm as configured (the CLI prints it first)."""
+    a, r = self.algo, self.rollout
+    if a.kl_coef > 0 and a.kl_placement != "none":
+      kl = f"{a.kl_estimator} KL in the {a.kl_placement} (coef {a.kl_coef}, {a.kl_mode})"
+    else:
+      kl = "no KL term"
+    return (
+      f"{a.estimator} advantages, {a.policy_loss} loss, {a.aggregation} aggregation, {kl}; "
+      f"{r.prompts_per_step} prompts x {r.group_size} samples, {self.run.steps} steps"
+    )
+
   def policy_loss_kwargs(self) -> dict:
     """The clip settings the chosen loss accepts, leaving its own defaults where unset."""
     fn = core.POLICY_LOSSES[self.algo.policy_loss]
@@ -342,14 +368,37 @@ def validate(cfg: TrainConfig, num_devices: int | None = None) -> None:
       f"only per-token estimators ({', '.join(TOKEN_ESTIMATORS)}) see; with "
       f"estimator={a.estimator!r} use kl_placement='loss'.",
     )
-  if a.estimator in core.GROUP_ESTIMATORS and a.estimator not in (
-    "dr_grpo",
-    "reinforce_plus_plus_baseline",
-  ):
+  if a.estimator in core.GROUP_ESTIMATORS:
     _check(
       r.group_size >= 2,
-      f"config.rollout.group_size=1 with config.algo.estimator={a.estimator!r}: a group "
-      "baseline needs at least 2 samples per prompt; raise group_size or use 'gae'.",
+      f"config.rollout.group_size={r.group_size} with config.algo.estimator={a.estimator!r}: "
+      "a group baseline needs at least 2 samples per prompt (with one, every advantage is "
+      "0 and nothing is learned); raise config.rollout.group_size or use 'gae'.",
+    )
+  _check(
+    not (a.kl_placement == "none" and a.kl_coef > 0),
+    f"config.algo.kl_placement='none' with config.algo.kl_coef={a.kl_coef}: the KL term "
+    "would be computed nowhere. Set kl_placement='loss' (GRPO) or 'reward' (PPO-RLHF), or "
+    "kl_coef=0 (config.algo.track_kl=True still logs KL to the reference).",
+  )
+  _check(
+    a.truncation in (None, "terminal", "bootstrap", "mask"),
+    f"config.algo.truncation={a.truncation!r}; use 'bootstrap', 'mask' or 'terminal'.",
+  )
+  _check(
+    cfg.truncation != "bootstrap" or cfg.uses_critic,
+    f"config.algo.truncation='bootstrap' continues a cut-off completion from the critic's "
+    f"value, and estimator={a.estimator!r} has no critic; use 'gae', or truncation='mask' "
+    "or 'terminal'.",
+  )
+  for key, no_op in (("top_k", 0), ("top_p", 1.0)):
+    value = getattr(r, key)
+    _check(
+      value is None or value == no_op,
+      f"config.rollout.{key}={value} truncates the sampling distribution, so the sampled "
+      "tokens come from a different policy than the full softmax the trainer scores and "
+      "differentiates: the first ratio would not be 1 and the update would be biased. "
+      f"Leave config.rollout.{key} unset (or {no_op}) for RL.",
     )
   for key in ("prompts_per_step", "group_size", "max_new_tokens"):
     _check(getattr(r, key) >= 1, f"config.rollout.{key} must be >= 1.")
@@ -421,6 +470,13 @@ def validate(cfg: TrainConfig, num_devices: int | None = None) -> None:
   _check(
     cfg.model.dtype in ("float32", "bfloat16") and cfg.model.param_dtype in ("float32", "bfloat16"),
     "config.model.dtype and param_dtype must be 'float32' or 'bfloat16'.",
+  )
+  _check(
+    cfg.model.param_dtype == "float32",
+    f"config.model.param_dtype={cfg.model.param_dtype!r} would keep the trained weights and "
+    "AdamW's moments in bfloat16, whose 8-bit mantissa rounds most updates away. Use "
+    "config.model.param_dtype='float32' with config.model.dtype='bfloat16': float32 master "
+    "weights and optimizer state, bfloat16 compute.",
   )
   if num_devices is not None:
     m = cfg.mesh

@@ -1,7 +1,8 @@
 """DAPO's dynamic sampling (Yu et al., 2025, arXiv:2503.14476): groups whose rewards are all
 equal carry no signal for a group baseline, so they are dropped and the batch is refilled from
 further rollouts, within a cap on extra rounds. The batch keeps its static shape: if the cap
-is reached first, the remaining places go to dropped groups (which contribute zero advantage).
+is reached first, the remaining places go to dropped groups, which the loss then leaves out
+(`Batch.loss_rows_B`), so they count in no denominator.
 """
 
 from typing import NamedTuple
@@ -19,6 +20,7 @@ class Round(NamedTuple):
   tokens_BxN: np.ndarray
   mask_BxN: np.ndarray
   scores_B: np.ndarray
+  truncated_B: np.ndarray
 
 
 def informative_groups(scores_B: np.ndarray, group_size: int) -> np.ndarray:
@@ -48,6 +50,7 @@ def assemble(rounds: list[Round], group_size: int, num_groups: int, pad_id: int)
         rnd.tokens_BxN[rows],
         rnd.mask_BxN[rows],
         rnd.scores_B[rows],
+        rnd.truncated_B[rows],
       )
     )
   return Round(*(np.concatenate(field) for field in zip(*parts, strict=True)))

@@ -8,13 +8,20 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding
 
-from jaxrl_llm.models import CausalLM, ModelConfig, ValueModel, load_model
+from jaxrl_llm.models import (
+  CausalLM,
+  CheckpointError,
+  ModelConfig,
+  ValueModel,
+  end_token_ids,
+  load_model,
+)
 from jaxrl_llm.models.sharding import DEFAULT_RULES, ShardingRules, param_shardings
 from jaxrl_llm.rollout import SampleOutput, generate
 from jaxrl_llm.train import hosts
 from jaxrl_llm.train import state as state_lib
 from jaxrl_llm.train import step as step_lib
-from jaxrl_llm.train.config import TrainConfig
+from jaxrl_llm.train.config import ConfigError, TrainConfig
 
 
 def model_config(cfg: TrainConfig, vocab_size: int, eos_id: int) -> ModelConfig:
@@ -51,14 +58,19 @@ class Learner:
   ):
     self.cfg, self.mesh, self.rules = cfg, mesh, rules
     self.eos_id, self.pad_id = eos_id, pad_id
+    declared = ()  # the end ids a checkpoint declares besides the tokenizer's EOS
     if cfg.model.path:
       place = lambda axes, shape: NamedSharding(mesh, rules.spec(axes, shape, mesh))
-      policy_model = load_model(
-        cfg.model.path,
-        dtype=jnp.dtype(cfg.model.dtype),
-        param_dtype=jnp.dtype(cfg.model.param_dtype),
-        sharding=place,
-      )
+      try:
+        declared = end_token_ids(cfg.model.path)
+        policy_model = load_model(
+          cfg.model.path,
+          dtype=jnp.dtype(cfg.model.dtype),
+          param_dtype=jnp.dtype(cfg.model.param_dtype),
+          sharding=place,
+        )
+      except CheckpointError as e:
+        raise ConfigError(f"config.model.path={cfg.model.path!r}: {e}") from None
       self.policy_def, policy = nnx.split(policy_model)
       self.model_cfg = policy_model.cfg
     else:
@@ -66,6 +78,8 @@ class Learner:
       self.policy_def, policy = self._init_params(
         lambda: CausalLM(self.model_cfg, rngs=nnx.Rngs(cfg.run.seed))
       )
+    # Generation stops on the tokenizer's EOS and on every end id the checkpoint declares.
+    self.eos_ids = tuple(sorted({eos_id, *declared}))
     self.critic_def = None
     if cfg.uses_critic:
       self.critic_def, _ = nnx.split(
@@ -145,9 +159,9 @@ class Learner:
       mesh=self.mesh,
       max_new_tokens=max_new_tokens or r.max_new_tokens,
       temperature=temperature,
-      top_k=r.top_k if temperature else None,
-      top_p=r.top_p if temperature else None,
-      eos_ids=(self.eos_id,),
+      top_k=(r.top_k or None) if temperature else None,
+      top_p=(None if r.top_p == 1.0 else r.top_p) if temperature else None,
+      eos_ids=self.eos_ids,
       num_samples=num_samples,
       pad_id=self.pad_id,
     )

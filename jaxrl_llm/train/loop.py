@@ -6,8 +6,6 @@ summary = train(from_config_dict(get_config()))
 import datetime
 import json
 import logging
-import signal
-import threading
 import time
 from pathlib import Path
 
@@ -15,7 +13,7 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
-from jaxrl_llm.data import PromptBatch, pad_left_to
+from jaxrl_llm.data import PromptBatch, pad_left_to, prompt_iterator
 from jaxrl_llm.models.config import to_hf_config
 from jaxrl_llm.models.sharding import make_mesh
 from jaxrl_llm.rewards import score
@@ -25,6 +23,7 @@ from jaxrl_llm.train import step as step_lib
 from jaxrl_llm.train.config import ConfigError, TrainConfig, validate
 from jaxrl_llm.train.learner import Learner
 from jaxrl_llm.train.metrics import MetricsWriter, to_python
+from jaxrl_llm.train.preemption import Preemption
 from jaxrl_llm.train.sft import warm_start
 from jaxrl_llm.train.step import Batch
 from jaxrl_llm.train.task import Task
@@ -36,46 +35,13 @@ class TrainingDiverged(RuntimeError):
   """Too many consecutive non-finite updates."""
 
 
-class PromptStream:
-  """Cycles through examples in a fresh seeded order each epoch."""
-
-  def __init__(self, examples: list[dict], batch_size: int, seed: int):
-    self.examples, self.batch_size, self.seed = examples, batch_size, seed
-    self.epoch, self.position = 0, 0
-    self._order = self._shuffle()
-
-  def _shuffle(self):
-    return np.random.default_rng([self.seed, self.epoch]).permutation(len(self.examples))
-
-  def state(self) -> dict:
-    """What restores this stream exactly: seed, epoch and position in the epoch's order."""
-    return {"seed": self.seed, "epoch": self.epoch, "position": self.position}
-
-  def restore(self, state: dict) -> None:
-    if state["seed"] != self.seed:
-      raise ValueError(f"prompt stream state has seed {state['seed']}, this stream {self.seed}.")
-    self.epoch, self.position = state["epoch"], state["position"]
-    self._order = self._shuffle()
-
-  def next(self) -> list[dict]:
-    out = []
-    while len(out) < self.batch_size:
-      if self.position == len(self.examples):
-        self.epoch, self.position = self.epoch + 1, 0
-        self._order = self._shuffle()
-      out.append(self.examples[self._order[self.position]])
-      self.position += 1
-    return out
-
-
-def _local_prompts(learner, task, examples):
-  """This process's rows of the prompt batch for `examples` (the global list), padded to
-  the length every process agrees on."""
-  local = examples[hosts.local_rows(learner.mesh, len(examples))]
+def _local_prompts(learner, task, local):
+  """The prompt batch of this process's examples `local`, padded to the length every
+  process agrees on."""
   prompt = task.prompts(local)
   length = hosts.global_max(prompt.tokens_BxP.shape[1])
   pad_id = task.tokenizer.pad_id
-  return local, PromptBatch(
+  return PromptBatch(
     pad_left_to(prompt.tokens_BxP, length, pad_id), pad_left_to(prompt.mask_BxP, length, False)
   )
 
@@ -83,10 +49,12 @@ def _local_prompts(learner, task, examples):
 def evaluate(learner: Learner, task: Task, examples: list[dict], batch_size: int) -> float:
   """Greedy accuracy (exact match) on `examples`; each process decodes and scores its rows."""
   correct = []
+  rows = hosts.local_rows(learner.mesh, batch_size)
   for start in range(0, len(examples), batch_size):
     chunk = examples[start : start + batch_size]
     padded = chunk + [chunk[-1]] * (batch_size - len(chunk))  # one compiled shape
-    local, prompt = _local_prompts(learner, task, padded)
+    local = padded[rows]
+    prompt = _local_prompts(learner, task, local)
     out = learner.generate(
       learner.state.policy if learner.state else learner.policy,
       *learner.shard_batch((prompt.tokens_BxP, prompt.mask_BxP)),
@@ -100,15 +68,11 @@ def evaluate(learner: Learner, task: Task, examples: list[dict], batch_size: int
   return float(np.mean(correct))
 
 
-def _warm_start(learner, task, cfg, bar_enabled):
+def _warm_start(learner, task, labelled, cfg, bar_enabled):
   w = cfg.warmstart
-  labelled = task.spec.examples("train", w.examples, seed=cfg.run.seed + 2)
-  stream = PromptStream(labelled, w.batch_size, seed=cfg.run.seed + 3)
   rows = hosts.local_rows(learner.mesh, w.batch_size)
-  batches = (
-    jax.tree.map(lambda x: x[rows], task.labelled_batch(stream.next(), cfg.rollout.max_new_tokens))
-    for _ in iter(int, 1)
-  )
+  stream = prompt_iterator(labelled, w.batch_size, seed=cfg.run.seed + 3, rows=rows)
+  batches = (task.labelled_batch(next(stream), cfg.rollout.max_new_tokens) for _ in iter(int, 1))
   with tqdm(total=w.steps, desc="warm start", disable=not bar_enabled) as bar:
     losses = warm_start(
       learner, batches, steps=w.steps, learning_rate=w.learning_rate, progress=bar
@@ -116,10 +80,10 @@ def _warm_start(learner, task, cfg, bar_enabled):
   return losses
 
 
-def _rollout(learner, task, examples, cfg, rng):
-  """Samples G completions per prompt; returns the prompts repeated per sample (global
-  arrays), and the samples."""
-  _, prompt = _local_prompts(learner, task, examples)
+def _rollout(learner, task, local, cfg, rng):
+  """Samples G completions of each of this process's prompts `local`; returns the prompts
+  repeated per sample (global arrays), and the samples."""
+  prompt = _local_prompts(learner, task, local)
   out = learner.generate(
     learner.state.policy,
     *learner.shard_batch((prompt.tokens_BxP, prompt.mask_BxP)),
@@ -133,13 +97,17 @@ def _rollout(learner, task, examples, cfg, rng):
   ), out
 
 
-def _score(learner, task, examples, out, cfg):
-  """Rewards of this process's rows; returns them, every process's (gathered), and the
-  step's statistics over the whole batch."""
+def _mean_or_none(x: np.ndarray):
+  """The mean, or None (null in the JSON, left out of TensorBoard) when `x` is empty."""
+  return float(x.mean()) if x.size else None
+
+
+def _score(learner, task, local, out, cfg):
+  """Rewards of this process's rows (its examples `local`); returns them, every process's
+  (gathered), and the step's statistics over the whole batch."""
   tokens, mask, truncated = (
     hosts.to_local(x) for x in (out.tokens_BxN, out.mask_BxN, out.truncated_B)
   )
-  local = examples[hosts.local_rows(learner.mesh, len(examples))]
   lengths = mask.sum(-1)
   grouped = [e for e in local for _ in range(cfg.rollout.group_size)]  # group-major rows
   # What length-based rewards read (see jaxrl_llm/rewards/length.py).
@@ -159,9 +127,9 @@ def _score(learner, task, examples, out, cfg):
     "accuracy": float(first.mean()),
     "response_length_mean": float(lengths.mean()),
     "response_length_max": float(lengths.max()),
-    # Dr. GRPO's length-bias signal; NaN (null in the JSON) when there is no such answer.
-    "response_length_correct": float(lengths[correct].mean()) if correct.any() else np.nan,
-    "response_length_wrong": float(lengths[~correct].mean()) if (~correct).any() else np.nan,
+    # Dr. GRPO's length-bias signal; absent from a step with no such answer.
+    "response_length_correct": _mean_or_none(lengths[correct]),
+    "response_length_wrong": _mean_or_none(lengths[~correct]),
     "truncation_rate": float(truncated.mean()),
   }
   stats |= {f"reward/{k}": float(v.mean()) for k, v in parts.items()}
@@ -172,65 +140,41 @@ def _refill(learner, task, stream, cfg, key, step, prompt, out, scores):
   """Dynamic sampling: further rollouts until the batch holds enough informative groups.
 
   `scores` are the whole batch's; the rounds are assembled on every host alike, and each
-  process then contributes its rows of the result.
+  process then contributes its rows of the result. Groups that are still uninformative
+  when the extra rounds run out are left out of the loss. Returns the batch, statistics,
+  and the (prompt length, decode steps) of each extra round.
   """
   G, wanted = cfg.rollout.group_size, cfg.rollout.prompts_per_step
 
   def host_round(prompt, out, scores):
     arrays = (*prompt, out.tokens_BxN, out.mask_BxN)
-    return dynamic.Round(*(hosts.gather(hosts.to_local(x)) for x in arrays), scores)
+    gathered = (hosts.gather(hosts.to_local(x)) for x in arrays)
+    return dynamic.Round(*gathered, scores, hosts.gather(hosts.to_local(out.truncated_B)))
 
-  rounds = [host_round(prompt, out, scores)]
+  rounds, shapes = [host_round(prompt, out, scores)], []
   zero_variance = 1.0 - float(dynamic.informative_groups(scores, G).mean())
-  extra = 0
   while (
     sum(int(dynamic.informative_groups(r.scores_B, G).sum()) for r in rounds) < wanted
-    and extra < cfg.rollout.max_extra_rounds
+    and len(rounds) <= cfg.rollout.max_extra_rounds
   ):
-    extra += 1
-    examples = stream.next()
-    rng = jax.random.fold_in(jax.random.fold_in(key, step), extra)
-    prompt, out = _rollout(learner, task, examples, cfg, rng)
-    rounds.append(host_round(prompt, out, _score(learner, task, examples, out, cfg)[1]))
+    local = next(stream)
+    rng = jax.random.fold_in(jax.random.fold_in(key, step), len(rounds))
+    prompt, out = _rollout(learner, task, local, cfg, rng)
+    _, all_scores, stats = _score(learner, task, local, out, cfg)
+    rounds.append(host_round(prompt, out, all_scores))
+    shapes.append((prompt[0].shape[1], int(stats["response_length_max"])))
   batch = dynamic.assemble(rounds, G, wanted, task.tokenizer.pad_id)
-  informative = float(dynamic.informative_groups(batch.scores_B, G).mean())
+  informative_G = dynamic.informative_groups(batch.scores_B, G)
   stats = {
     "zero_variance_group_fraction": zero_variance,
-    "dynamic_extra_rounds": extra,
-    "informative_group_fraction": informative,
+    "dynamic_extra_rounds": len(shapes),
+    "informative_group_fraction": float(informative_G.mean()),
+    "dynamic_groups_kept": int(informative_G.sum()),  # the rest are left out of the loss
   }
   rows = hosts.local_rows(learner.mesh, cfg.batch_size)
-  return Batch(*learner.shard_batch(tuple(x[rows] for x in batch))), stats
-
-
-class Preemption:
-  """While active, the first SIGTERM or SIGINT asks the loop to save and stop after the
-  current step; a second SIGINT interrupts at once."""
-
-  SIGNALS = (signal.SIGTERM, signal.SIGINT)
-
-  def __init__(self):
-    self.received = None
-    self._previous = {}
-
-  def _handle(self, signum, frame):
-    if self.received is not None and signum == signal.SIGINT:
-      raise KeyboardInterrupt
-    self.received = signal.Signals(signum).name
-    log.warning("received %s: saving after the current step, then exiting.", self.received)
-
-  def __enter__(self):
-    if threading.current_thread() is threading.main_thread():
-      self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
-    return self
-
-  def __exit__(self, *exc):
-    for s, handler in self._previous.items():
-      signal.signal(s, handler)
-
-  def requested(self) -> bool:
-    """Whether any process got a signal (all processes must agree to stop together)."""
-    return hosts.any_process(self.received is not None)
+  loss_rows_B = np.repeat(informative_G, G)
+  arrays = (*batch, loss_rows_B)
+  return Batch(*learner.shard_batch(tuple(x[rows] for x in arrays))), stats, shapes
 
 
 def _set_aside_previous_run(workdir: Path, checkpoints) -> None:
@@ -289,6 +233,30 @@ def _resume(cfg, learner, mesh):
   return ckpt, restored
 
 
+def _examples(task, cfg):
+  """The train, held-out and (with a warm start) labelled examples, drawn and checked before
+  any model loads: a source too small or a prompt too long stops here, naming the key."""
+  sources = {
+    "train": ("train", cfg.task.train_examples, cfg.run.seed, "task.train_examples"),
+    "test": ("test", cfg.run.eval_examples, cfg.run.seed + 1, "run.eval_examples"),
+  }
+  if cfg.warmstart.steps:
+    w = cfg.warmstart
+    sources["labelled"] = ("train", w.examples, cfg.run.seed + 2, "warmstart.examples")
+  drawn = {name: task.draw(*source) for name, source in sources.items()}
+  fitted, dropped = {}, {}
+  for name, examples in drawn.items():
+    fitted[name], dropped[name] = task.fit_prompts(examples, sources[name][3])
+  dropped = {name: n for name, n in dropped.items() if n}
+  if dropped:
+    log.warning(
+      "config.task.filter_overlong_prompts: dropped prompts longer than %d tokens: %s",
+      cfg.task.prompt_length,
+      ", ".join(f"{n} of {sources[k][1]} {k}" for k, n in dropped.items()),
+    )
+  return fitted, dropped
+
+
 def train(cfg: TrainConfig, devices=None, task: Task | None = None) -> dict:
   """Runs the configured job; returns a summary with the held-out accuracies.
 
@@ -299,49 +267,52 @@ def train(cfg: TrainConfig, devices=None, task: Task | None = None) -> dict:
   """
   mesh = make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor, devices)
   validate(cfg, num_devices=mesh.size)
+  peak = perf.peak_flops(cfg, mesh)  # first: nothing else is running yet
   is_main = jax.process_index() == 0
   show = cfg.run.progress and is_main
   task = Task(cfg) if task is None else task
   tok = task.tokenizer
+  examples, dropped = _examples(task, cfg)
   learner = Learner(cfg, mesh, tok.vocab_size, tok.eos_id, tok.pad_id)
   if learner.model_cfg.vocab_size < tok.vocab_size:
     raise ConfigError(
       f"the tokenizer has {tok.vocab_size} tokens but the model's vocabulary "
       f"only {learner.model_cfg.vocab_size}; use the checkpoint's own tokenizer."
     )
-  test = task.spec.examples("test", cfg.run.eval_examples, seed=cfg.run.seed + 1)
-  summary = {"workdir": str(Path(cfg.run.workdir).resolve()), "preempted": False}
-  stream = PromptStream(
-    task.spec.examples("train", cfg.task.train_examples, cfg.run.seed),
-    cfg.rollout.prompts_per_step,
-    cfg.run.seed,
-  )
+  test = examples["test"]
+  summary = {
+    "workdir": str(Path(cfg.run.workdir).resolve()),
+    "mesh": dict(mesh.shape),
+    "preempted": False,
+  }
+  if dropped:
+    summary["filtered_overlong_prompts"] = dropped
+  P = cfg.rollout.prompts_per_step
+  stream = prompt_iterator(examples["train"], P, seed=cfg.run.seed, rows=hosts.local_rows(mesh, P))
   ckpt, restored = _resume(cfg, learner, mesh)
   if restored is None:
     if ckpt is None:
       _set_aside_previous_run(Path(cfg.run.workdir), None)
     if cfg.warmstart.steps:
-      losses = _warm_start(learner, task, cfg, show)
+      losses = _warm_start(learner, task, examples["labelled"], cfg, show)
       summary["warmstart_loss"] = float(losses[-10:].mean())
     learner.init_state()
     before = evaluate(learner, task, test, cfg.run.eval_batch_size)
     first = 0
     if ckpt is not None:  # the warm-started policy: a resumed run never repeats the warm start
-      ckpt.save(0, learner.state, _meta(cfg, learner, task, stream.state(), before))
+      ckpt.save(0, learner.state, _meta(cfg, learner, task, stream.get_state(), before))
   else:
     learner.state, first = restored.state, restored.step
     before = restored.meta["heldout_accuracy_before"]
-    stream.restore(restored.meta["stream"])
+    stream.set_state(restored.meta["stream"])
   summary["heldout_accuracy_before"] = before
   summary["resumed_from"] = None if restored is None else restored.step
   writer = MetricsWriter(cfg.run.workdir, cfg.run.tensorboard, start_step=first)
   key = jax.random.key(cfg.run.seed)
-  flops_per_step = perf.iteration_flops(learner, cfg)
-  peak = perf.peak_flops(cfg, mesh)
-  lr_fn = perf.learning_rate_fn(cfg)
+  n_params = perf.matmul_params(learner)
   if first < cfg.run.steps:
-    examples = stream.next()
-    prompt, out = _rollout(learner, task, examples, cfg, jax.random.fold_in(key, first))
+    local = next(stream)
+    prompt, out = _rollout(learner, task, local, cfg, jax.random.fold_in(key, first))
   bar = tqdm(
     range(first, cfg.run.steps),
     initial=first,
@@ -352,31 +323,36 @@ def train(cfg: TrainConfig, devices=None, task: Task | None = None) -> dict:
   with Preemption() as preemption:
     for step in bar:
       start = time.perf_counter()
-      scores, all_scores, stats = _score(learner, task, examples, out, cfg)
+      scores, all_scores, stats = _score(learner, task, local, out, cfg)
+      rounds = [(prompt[0].shape[1], int(stats["response_length_max"]))]
       if cfg.rollout.dynamic_sampling:
-        batch, dynamic_stats = _refill(
+        batch, dynamic_stats, extra = _refill(
           learner, task, stream, cfg, key, step, prompt, out, all_scores
         )
         stats |= dynamic_stats
+        rounds += extra
       else:
-        batch = Batch(*prompt, out.tokens_BxN, out.mask_BxN, learner.shard_batch(scores))
+        batch = Batch(
+          *prompt, out.tokens_BxN, out.mask_BxN, learner.shard_batch(scores), out.truncated_B
+        )
       exp, exp_metrics = learner.experience(batch)
       update_metrics = learner.update(exp)
-      stream_state = stream.state()  # before the next step's prompts are drawn
+      stream_state = stream.get_state()  # before the next step's prompts are drawn
       if step + 1 < cfg.run.steps:  # dispatch the next rollout before reading this step's metrics
-        examples = stream.next()
-        prompt, out = _rollout(learner, task, examples, cfg, jax.random.fold_in(key, step + 1))
+        local = next(stream)
+        prompt, out = _rollout(learner, task, local, cfg, jax.random.fold_in(key, step + 1))
       opt = learner.state.policy_opt
       update_metrics, exp_metrics, notfinite, skipped = jax.device_get(
         (update_metrics, exp_metrics, opt.notfinite_count, opt.total_notfinite)
       )
       elapsed = time.perf_counter() - start
       metrics = stats | to_python(step_lib.reduce_metrics(update_metrics)) | to_python(exp_metrics)
+      width = batch.prompt_BxP.shape[1]
+      flops = perf.iteration_flops(n_params, cfg, width, rounds)
       metrics |= {
-        "learning_rate": lr_fn(step),
         "step_time_s": elapsed,
-        "tokens_per_s": perf.tokens_per_step(cfg) / elapsed,
-        "mfu": flops_per_step / elapsed / peak,
+        "tokens_per_s": perf.tokens_per_step(cfg, width) / elapsed,
+        "mfu": perf.mfu(flops, elapsed, peak),
         "skipped_updates": int(skipped),
       }
       if cfg.run.eval_every and (step + 1) % cfg.run.eval_every == 0:

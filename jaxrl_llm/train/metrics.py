@@ -67,7 +67,8 @@ class MetricsWriter:
       f.write(json.dumps(row) + "\n")
     if self._tb is not None:
       for k, v in metrics.items():
-        if isinstance(v, int | float):
+        # A value that is None or not finite has no point to plot (and TensorBoard warns).
+        if isinstance(v, int | float) and math.isfinite(v):
           self._tb.add_scalar(k, v, step)
 
   def close(self) -> None:

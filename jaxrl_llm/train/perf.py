@@ -7,7 +7,6 @@ import jax
 import jax.numpy as jnp
 
 from jaxrl_llm.train.config import TrainConfig
-from jaxrl_llm.train.state import learning_rate_schedule
 
 # Dense bf16 peak FLOP/s per chip, from the vendors' data sheets.
 PEAK_FLOPS = {
@@ -23,15 +22,23 @@ PEAK_FLOPS = {
 
 
 @functools.cache
-def _measured_cpu_flops() -> float:
-  """What a 1024^3 float32 matmul reaches here: the CPU's practical peak."""
-  a = jnp.ones((1024, 1024), jnp.float32)
+def measured_cpu_flops(repeats: int = 7) -> float:
+  """The CPU's practical peak: the fastest of `repeats` timed 2048^3 float32 matmuls.
+
+  The best run, not the mean, since a slow run measures interference rather than the
+  machine. Measure before anything else runs (the trainer does so before it loads a model
+  or starts a checkpoint write).
+  """
+  n = 2048
+  a = jnp.ones((n, n), jnp.float32)
   f = jax.jit(jnp.matmul)
   f(a, a).block_until_ready()
-  start = time.perf_counter()
-  for _ in range(5):
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
     f(a, a).block_until_ready()
-  return 5 * 2 * 1024**3 / (time.perf_counter() - start)
+    times.append(time.perf_counter() - start)
+  return 2 * n**3 / min(times)
 
 
 def peak_flops(cfg: TrainConfig, mesh) -> float:
@@ -42,32 +49,50 @@ def peak_flops(cfg: TrainConfig, mesh) -> float:
     kind = jax.devices()[0].device_kind
     per_device = next((v for k, v in PEAK_FLOPS.items() if kind.startswith(k)), None)
     if per_device is None:
-      per_device = _measured_cpu_flops() / len(jax.local_devices())
+      per_device = measured_cpu_flops() / len(jax.local_devices())
   return per_device * mesh.size
 
 
-def tokens_per_step(cfg: TrainConfig) -> int:
-  """Prompt and completion tokens processed per iteration (sampled once, trained on)."""
-  return cfg.batch_size * (cfg.task.prompt_length + cfg.rollout.max_new_tokens)
+def matmul_params(learner) -> int:
+  """Parameters each token multiplies by: all of them but an untied input embedding, which is
+  a lookup (a tied one is also the output projection, a matmul)."""
+  params = learner.state.policy if learner.state is not None else learner.policy
+  total = sum(x.size for x in jax.tree.leaves(params))
+  if not learner.model_cfg.tie_word_embeddings:
+    total -= learner.model_cfg.vocab_size * learner.model_cfg.hidden_size
+  return total
 
 
-def iteration_flops(learner, cfg: TrainConfig) -> float:
-  """2 N per token for each forward (rollout, old log-probs unless `single_update`, reference,
-  values), 6 N per token for each training pass (policy and critic), N the parameter count.
-  A prompt shared by its group counts once where it runs once: always in the rollout, and in
-  the trainer's passes with `share_prompts`."""
-  n = learner.num_params
-  B, G = cfg.batch_size, cfg.rollout.group_size
-  P, T = cfg.task.prompt_length, cfg.rollout.max_new_tokens
-  rollout = B // G * P + B * T
-  scored = (B // G if cfg.share_prompts else B) * P + B * T
+def tokens_per_step(cfg: TrainConfig, prompt_length: int) -> int:
+  """Prompt and completion tokens of the trained batch, at the width it was padded to."""
+  return cfg.batch_size * (prompt_length + cfg.rollout.max_new_tokens)
+
+
+def iteration_flops(n: int, cfg: TrainConfig, prompt_length: int, rollouts) -> float:
+  """2 n per token for each forward, 6 n per token for each training pass, n the parameters
+  each token multiplies by (attention's own FLOPs are left out, so MFU errs low).
+
+  `rollouts`: `(prompt_length, decode_steps)` of each sampling round this iteration ran
+  (more than one with dynamic sampling); a round prefills each prompt once and decodes every
+  row for `decode_steps` steps. The trained batch, padded to `prompt_length`, then runs the
+  forwards (old log-probs unless `single_update`, reference, values) and the training passes
+  (policy and critic); a prompt shared by its group counts once where it runs once.
+  """
+  B, G, N = cfg.batch_size, cfg.rollout.group_size, cfg.rollout.max_new_tokens
+  sampled = sum(B // G * p + B * steps for p, steps in rollouts)
+  scored = (B // G if cfg.share_prompts else B) * prompt_length + B * N
   forwards = (not cfg.single_update) + cfg.uses_reference + cfg.uses_critic
   passes = cfg.algo.ppo_epochs * (1 + cfg.uses_critic)
-  return 2 * n * (rollout + scored * forwards) + 6 * n * scored * passes
+  return 2 * n * (sampled + scored * forwards) + 6 * n * scored * passes
 
 
-def learning_rate_fn(cfg: TrainConfig):
-  """The policy learning rate at an iteration (its first optimizer step)."""
-  schedule = learning_rate_schedule(cfg, cfg.optim.learning_rate)
-  per_step = cfg.algo.ppo_epochs * cfg.algo.num_minibatches
-  return lambda step: float(schedule(step * per_step))
+def mfu(flops: float, seconds: float, peak: float) -> float:
+  """Model FLOPs utilisation; raises when it exceeds 1, which only a wrong peak can cause."""
+  value = flops / seconds / peak
+  if value > 1.0:
+    raise RuntimeError(
+      f"MFU came out at {100 * value:.0f}%: the peak of {peak / 1e9:.1f} GFLOP/s it is "
+      f"measured against is below the {flops / seconds / 1e9:.1f} GFLOP/s this step ran at. "
+      "Set config.run.peak_flops_per_device to the device's real peak."
+    )
+  return value

@@ -25,11 +25,18 @@ def sft_step(params, opt_state, batch: Batch, *, policy_def, optimizer):
 
 
 def warm_start(learner, batches, *, steps: int, learning_rate: float, progress=None):
-  """`steps` Adam steps over `batches` (an iterator of labelled `Batch`es); returns the losses."""
+  """`steps` Adam steps over `batches` (an iterator of labelled `Batch`es); returns the losses.
+
+  The host keeps one step in flight: it dispatches step k+1, then reads step k's loss.
+  Letting it run further ahead is not only pointless but unsafe on a multi-device CPU
+  mesh: XLA's CPU client admits 32 queued computations per device, and a deeper queue of
+  programs with collectives (each step all-reduces its gradients) can leave one device
+  out of an all-reduce the others already wait in, which aborts the process.
+  """
   optimizer = optax.adam(learning_rate)
   params = jax.tree.map(jnp.copy, learner.policy)
   opt_state = optimizer.init(params)
-  losses = []
+  losses, pending = [], None
   for _ in range(steps):
     params, opt_state, loss = sft_step(
       params,
@@ -38,8 +45,17 @@ def warm_start(learner, batches, *, steps: int, learning_rate: float, progress=N
       policy_def=learner.policy_def,
       optimizer=optimizer,
     )
-    losses.append(loss)
-    if progress is not None:
-      progress.update(1)
+    if pending is not None:
+      _record(losses, pending, progress)
+    pending = loss
+  if pending is not None:
+    _record(losses, pending, progress)
   learner.policy = params
-  return np.asarray(jax.device_get(losses))
+  return np.asarray(losses)
+
+
+def _record(losses: list, loss, progress) -> None:
+  losses.append(float(loss))
+  if progress is not None:
+    progress.update(1)
+    progress.set_postfix(loss=f"{losses[-1]:.3f}")

@@ -66,6 +66,16 @@ def make_optimizer(cfg: TrainConfig, peak_lr: float) -> optax.GradientTransforma
   return optax.apply_if_finite(inner, max_consecutive_errors=NO_LIMIT)
 
 
+def applied_updates(opt_state: optax.OptState) -> jax.Array:
+  """How many updates an optimizer from `make_optimizer` has applied: its learning-rate
+  schedule's step count, which neither a skipped (non-finite) update nor a held one
+  (critic warm-up) advances."""
+  for path, count in optax.tree.get_all_with_path(opt_state, "count"):
+    if getattr(path[-1], "tuple_name", None) == "ScaleByScheduleState":
+      return count
+  raise ValueError("the optimizer state has no learning-rate schedule count.")
+
+
 def kl_controller(cfg: TrainConfig) -> core.KLController:
   a = cfg.algo
   return core.kl_controller(a.kl_mode, a.kl_coef, target=a.kl_target, horizon=a.kl_horizon)

@@ -17,21 +17,39 @@ from flax import nnx
 from jaxrl_llm import core
 from jaxrl_llm.models import completion_hidden
 from jaxrl_llm.train.config import TrainConfig
-from jaxrl_llm.train.state import TrainState, entropy_controller, kl_controller
+from jaxrl_llm.train.state import (
+  TrainState,
+  applied_updates,
+  entropy_controller,
+  kl_controller,
+  learning_rate_schedule,
+)
 
 
 class Batch(NamedTuple):
-  """One rollout as the host hands it over: prompts, completions and their scores."""
+  """One rollout as the host hands it over: prompts, completions and their scores.
+
+  `truncated_B`: rows cut off at the token budget before their EOS (None: none were).
+  `loss_rows_B`: rows that count in the loss (None: all); the host leaves out groups
+  that carry no signal when dynamic sampling could not replace them.
+  """
 
   prompt_BxP: jax.Array
   prompt_mask_BxP: jax.Array
   tokens_BxN: jax.Array
   mask_BxN: jax.Array
   scores_B: jax.Array
+  truncated_B: jax.Array | None = None
+  loss_rows_B: jax.Array | None = None
 
 
 class Experience(NamedTuple):
-  """A rollout with everything the losses need, computed before any update."""
+  """A rollout with everything the losses need, computed before any update.
+
+  `loss_mask_BxN` is the completion mask less the rows the loss leaves out (see
+  `Batch.loss_rows_B` and `AlgoSection.truncation`); the forward passes still attend to
+  every completion token through `batch.mask_BxN`.
+  """
 
   batch: Batch
   old_logp_BxN: jax.Array
@@ -39,9 +57,10 @@ class Experience(NamedTuple):
   old_values_BxN: jax.Array
   advantages_BxN: jax.Array
   returns_BxN: jax.Array
+  loss_mask_BxN: jax.Array
 
 
-def _hidden(model, batch: Batch, group_size: int):
+def _hidden(model, batch: Batch, group_size: int, with_last: bool = False):
   return completion_hidden(
     model.decoder,
     batch.prompt_BxP,
@@ -49,6 +68,7 @@ def _hidden(model, batch: Batch, group_size: int):
     batch.tokens_BxN,
     batch.mask_BxN,
     group_size,
+    with_last=with_last,
   )
 
 
@@ -67,10 +87,11 @@ def sequence_forward(graphdef, params, batch: Batch, temperature, with_entropy=F
   return logp_BxN, core.entropy(logits_BxNxV, temperature)
 
 
-def sequence_values(graphdef, params, batch: Batch, group=1):
-  """The critic's V(s_t) for each completion token t (the state before emitting it)."""
+def sequence_values(graphdef, params, batch: Batch, group=1, with_last=False):
+  """The critic's V(s_t) for each completion token t (the state before emitting it), `[B, N]`;
+  with `with_last`, `[B, N + 1]`: also V(s_N), the state after the last completion slot."""
   model = nnx.merge(graphdef, params)
-  return model.head(_hidden(model, batch, group))
+  return model.head(_hidden(model, batch, group, with_last))
 
 
 def _group(cfg: TrainConfig) -> int:
@@ -85,13 +106,23 @@ def _in_micro_batches(fn, batch: Batch, rows: int):
   return out.reshape(-1, *out.shape[2:])
 
 
+def loss_mask(batch: Batch, cfg: TrainConfig):
+  """The completion mask less the rows the loss leaves out."""
+  rows_B = jnp.ones(batch.mask_BxN.shape[:1], bool)
+  if batch.loss_rows_B is not None:
+    rows_B = rows_B & batch.loss_rows_B
+  if cfg.truncation == "mask" and batch.truncated_B is not None:
+    rows_B = rows_B & ~batch.truncated_B
+  return batch.mask_BxN & rows_B[:, None]
+
+
 def make_experience(
   state: TrainState, batch: Batch, *, policy_def, critic_def, cfg: TrainConfig
 ) -> tuple[Experience, dict]:
   """Old and reference log-probs, values, token rewards and advantages."""
   a, rows, group = cfg.algo, cfg.micro_batch_rows, _group(cfg)
   temperature = cfg.rollout.temperature
-  mask_BxN = batch.mask_BxN
+  mask_BxN = loss_mask(batch, cfg)
 
   def logp(params):
     return _in_micro_batches(
@@ -101,20 +132,24 @@ def make_experience(
   zeros = jnp.zeros(mask_BxN.shape, jnp.float32)
   old_logp = zeros if cfg.single_update else logp(state.policy)  # see TrainConfig.single_update
   ref_logp = zeros if state.ref is None else logp(state.ref)
-  values = (
-    zeros
-    if state.critic is None
-    else _in_micro_batches(
-      lambda b: sequence_values(critic_def, state.critic, b, group), batch, rows
+  values, bootstrap_B = zeros, zeros[:, 0]
+  if state.critic is not None:
+    values_BxN1 = _in_micro_batches(
+      lambda b: sequence_values(critic_def, state.critic, b, group, with_last=True), batch, rows
     )
-  )
+    values = values_BxN1[:, :-1]
+    if cfg.truncation == "bootstrap" and batch.truncated_B is not None:
+      # A cut-off completion did not end: its return continues from V(s_N).
+      bootstrap_B = jnp.where(batch.truncated_B, values_BxN1[:, -1], 0.0)
   kl_BxN = jnp.where(mask_BxN, core.kl_penalty(old_logp, ref_logp, a.kl_estimator), 0.0)
   rewards_BxN = core.scores_to_token_rewards(batch.scores_B, mask_BxN)
   if a.kl_placement == "reward" and state.ref is not None:
     rewards_BxN = rewards_BxN - state.kl.coef * kl_BxN
   returns = zeros
   if a.estimator == "gae":
-    adv, returns = core.gae(rewards_BxN, values, mask_BxN, gamma=a.gamma, lam=a.lam)
+    adv, returns = core.gae(
+      rewards_BxN, values, mask_BxN, gamma=a.gamma, lam=a.lam, bootstrap_value_B=bootstrap_B
+    )
     adv = core.masked_whiten(adv, mask_BxN)
   elif a.estimator == "reinforce_plus_plus":
     adv = core.reinforce_plus_plus(rewards_BxN, mask_BxN, gamma=a.gamma)
@@ -127,7 +162,7 @@ def make_experience(
       lengths=mask_BxN.sum(-1),
     )
     adv = jnp.where(mask_BxN, adv_B[:, None], 0.0)
-  exp = Experience(batch, old_logp, ref_logp, values, adv, returns)
+  exp = Experience(batch, old_logp, ref_logp, values, adv, returns, mask_BxN)
   return exp, {
     "kl_coef": state.kl.coef,
     "entropy_coef": state.entropy.coef,
@@ -139,7 +174,7 @@ def policy_objective(
   params, exp: Experience, denominator, kl_coef, entropy_coef=0.0, *, policy_def, cfg: TrainConfig
 ):
   """The scalar the policy minimises on one micro-batch (its share of the minibatch loss)."""
-  a, mask = cfg.algo, exp.batch.mask_BxN
+  a, mask = cfg.algo, exp.loss_mask_BxN
   logp, ent = sequence_forward(
     policy_def, params, exp.batch, cfg.rollout.temperature, with_entropy=True, group=_group(cfg)
   )
@@ -174,12 +209,12 @@ def critic_objective(params, exp: Experience, denominator, *, critic_def, cfg: T
     values,
     exp.old_values_BxN,
     exp.returns_BxN,
-    exp.batch.mask_BxN,
+    exp.loss_mask_BxN,
     cliprange_value=cfg.algo.cliprange_value,
   )
   loss = core.aggregate(
     loss_BxN,
-    exp.batch.mask_BxN,
+    exp.loss_mask_BxN,
     cfg.algo.aggregation,
     max_len=cfg.rollout.max_new_tokens,
     global_denominator=denominator,
@@ -187,41 +222,73 @@ def critic_objective(params, exp: Experience, denominator, *, critic_def, cfg: T
   return loss, metrics | {"value_loss": loss}
 
 
+# How metrics combine over the micro-batches of a minibatch and over an iteration's
+# minibatches. Every other metric is a masked mean over tokens, combined weighted by the
+# tokens each piece holds, so it is the whole batch's however the batch was split.
+LOSS_SHARES = ("pg_loss", "value_loss")  # a micro-batch's additive share of the loss
+PER_SEQUENCE = ("kl_ref", "kl_ref_k3")  # means over rows (every micro-batch holds as many)
+PER_UPDATE = ("loss", "grad_norm", "critic_grad_norm", "learning_rate", "critic_learning_rate")
+TOKENS = "response_tokens"  # the loss mask's count of each piece
+
+
+def combine_metrics(stacked: dict, sum_keys=()) -> dict:
+  """Metrics stacked over pieces of a batch (leading axis) to the whole batch's.
+
+  `sum_keys` add up (loss shares); `*_min` and `*_max` take the min and max; per-row
+  and per-update values average; the rest are token means, weighted by `TOKENS`.
+  """
+  tokens = stacked[TOKENS]
+  weights = tokens / jnp.maximum(tokens.sum(0), 1.0)
+
+  def combine(key, x):
+    if key == TOKENS or key in sum_keys:
+      return x.sum(0)
+    if key.endswith("_min"):
+      return x.min(0)
+    if key.endswith("_max"):
+      return x.max(0)
+    if key in PER_SEQUENCE or key in PER_UPDATE or key in LOSS_SHARES:
+      return x.mean(0)
+    return (x * weights).sum(0)
+
+  return {k: combine(k, v) for k, v in stacked.items()}
+
+
 def _accumulate(objective, params, micro_exps, denominator, *extra):
   """Sum of value-and-grads over micro-batches (each already divided by the global
-  denominator), and the mean of their metrics."""
+  denominator), and their metrics combined into the minibatch's."""
 
   def one(carry, exp):
     (loss, metrics), grads = jax.value_and_grad(objective, has_aux=True)(
       params, exp, denominator, *extra
     )
     total_loss, total_grads = carry
+    metrics = metrics | {TOKENS: jnp.sum(exp.loss_mask_BxN, dtype=jnp.float32)}
     return (total_loss + loss, jax.tree.map(jnp.add, total_grads, grads)), metrics
 
   zero = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, params))
   (loss, grads), metrics = jax.lax.scan(one, zero, micro_exps)
-  return loss, grads, reduce_metrics(metrics)
+  return loss, grads, combine_metrics(metrics, sum_keys=LOSS_SHARES)
 
 
 def reduce_metrics(stacked: dict) -> dict:
-  """Per-minibatch metrics to one value each: min of *_min, max of *_max, mean of the rest."""
-
-  def reduce(key, x):
-    if key.endswith("_min"):
-      return x.min(0)
-    if key.endswith("_max"):
-      return x.max(0)
-    return x.mean(0)
-
-  return {k: reduce(k, v) for k, v in stacked.items()}
+  """An iteration's per-minibatch metrics to one value each (see `combine_metrics`);
+  the count of loss tokens is dropped."""
+  out = combine_metrics(stacked)
+  out.pop(TOKENS)
+  return out
 
 
-def _apply(optimizer, grads, opt_state, params, enabled):
-  """One optimizer step, or none when `enabled` is False (critic warm-up)."""
+def _apply(optimizer, schedule, grads, opt_state, params, enabled):
+  """One optimizer step, or none when `enabled` is False (critic warm-up); also the learning
+  rate it used (0 when no update was applied: warm-up, or a non-finite gradient)."""
   updates, new_opt_state = optimizer.update(grads, opt_state, params)
   new_params = optax.apply_updates(params, updates)
   keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(enabled, n, o), new, old)
-  return keep(new_params, params), keep(new_opt_state, opt_state)
+  new_params, new_opt_state = keep(new_params, params), keep(new_opt_state, opt_state)
+  before, after = applied_updates(opt_state), applied_updates(new_opt_state)
+  learning_rate = jnp.where(after > before, schedule(before), 0.0)
+  return new_params, new_opt_state, learning_rate
 
 
 def update(
@@ -239,11 +306,15 @@ def update(
   ]
   rows_MxUxR = jnp.concatenate(perms).reshape(a.ppo_epochs * a.num_minibatches, a.micro_batches, -1)
   policy_on = state.step >= a.critic_warmup_steps
+  schedules = (
+    learning_rate_schedule(cfg, cfg.optim.learning_rate),
+    learning_rate_schedule(cfg, a.critic_lr),
+  )
 
   def minibatch(carry, rows_UxR):
     policy, policy_opt, critic, critic_opt = carry
     micro = jax.tree.map(lambda x: x[rows_UxR], exp)
-    mask_RxN = micro.batch.mask_BxN.reshape(-1, micro.batch.mask_BxN.shape[-1])
+    mask_RxN = micro.loss_mask_BxN.reshape(-1, micro.loss_mask_BxN.shape[-1])
     denominator = core.aggregate_denominator(mask_RxN, a.aggregation)
     loss, grads, metrics = _accumulate(
       functools.partial(policy_objective, policy_def=policy_def, cfg=cfg),
@@ -253,8 +324,10 @@ def update(
       state.kl.coef,
       state.entropy.coef,
     )
-    metrics = metrics | {"loss": loss, "grad_norm": optax.tree.norm(grads)}
-    policy, policy_opt = _apply(optimizers[0], grads, policy_opt, policy, policy_on)
+    policy, policy_opt, lr = _apply(
+      optimizers[0], schedules[0], grads, policy_opt, policy, policy_on
+    )
+    metrics = metrics | {"loss": loss, "grad_norm": optax.tree.norm(grads), "learning_rate": lr}
     if critic is not None:
       _, c_grads, c_metrics = _accumulate(
         functools.partial(critic_objective, critic_def=critic_def, cfg=cfg),
@@ -262,8 +335,12 @@ def update(
         micro,
         denominator,
       )
-      critic, critic_opt = _apply(optimizers[1], c_grads, critic_opt, critic, True)
-      metrics = metrics | c_metrics | {"critic_grad_norm": optax.tree.norm(c_grads)}
+      critic, critic_opt, c_lr = _apply(
+        optimizers[1], schedules[1], c_grads, critic_opt, critic, True
+      )
+      c_metrics.pop(TOKENS)
+      metrics = metrics | c_metrics
+      metrics |= {"critic_grad_norm": optax.tree.norm(c_grads), "critic_learning_rate": c_lr}
     return (policy, policy_opt, critic, critic_opt), metrics
 
   carry = (state.policy, state.policy_opt, state.critic, state.critic_opt)
@@ -271,7 +348,8 @@ def update(
   kl = state.kl
   if cfg.uses_reference:  # the rollout policy's per-sequence KL (the first minibatch's)
     kl = kl_controller(cfg).update(state.kl, metrics["kl_ref"][0], cfg.batch_size)
-  entropy = entropy_controller(cfg).update(state.entropy, metrics["entropy"].mean())
+  step_entropy = combine_metrics({"entropy": metrics["entropy"], TOKENS: metrics[TOKENS]})
+  entropy = entropy_controller(cfg).update(state.entropy, step_entropy["entropy"])
   new = state._replace(
     step=state.step + 1,
     entropy=entropy,

@@ -1,5 +1,7 @@
 """A configured task: where prompts come from, how they are tokenized, and how answers score."""
 
+from pathlib import Path
+
 import numpy as np
 
 from jaxrl_llm.data import ArithmeticTask, bucket_length, left_pad
@@ -14,7 +16,7 @@ from jaxrl_llm.rewards import (
   missing_eos_penalty,
   overlong_penalty,
 )
-from jaxrl_llm.train.config import TrainConfig
+from jaxrl_llm.train.config import ConfigError, TrainConfig
 from jaxrl_llm.train.step import Batch
 
 
@@ -51,29 +53,63 @@ def shaping_rewards(cfg: TrainConfig) -> dict:
   return {name: term for name, term in terms.items() if term[1]}
 
 
+def checkpoint_tokenizer(path):
+  """The tokenizer of `model.path`, with errors that name the key and the fix."""
+  if not Path(path).is_dir():
+    raise ConfigError(
+      f"config.model.path={path!r} is not a directory; give a local Hugging Face model "
+      "directory (config.json, model.safetensors or its shards, tokenizer.json), or leave "
+      "config.model.path empty for a random-init model."
+    )
+  try:
+    return load_tokenizer(path)
+  except (FileNotFoundError, ValueError) as e:
+    raise ConfigError(f"config.model.path={path!r}: {e}") from None
+
+
+def configured_spec(cfg: TrainConfig):
+  """The example source `task.name` names, and its correctness reward."""
+  t = cfg.task
+  if t.name == "arithmetic":
+    spec = ArithmeticTask(digits=t.digits, ops=t.ops, test_fraction=t.test_fraction)
+    return spec, {"exact_match": (exact_match, 1.0)}
+  if t.name == "countdown":
+    spec = CountdownTask(count=t.count, max_number=t.max_number, test_fraction=t.test_fraction)
+    return spec, {"countdown": (countdown_reward, 1.0)}
+  try:
+    spec = GSM8KFile(t.path, test_fraction=t.test_fraction, test_path=t.test_path or None)
+  except (OSError, ValueError) as e:
+    key = "task.test_path" if t.test_path and str(t.test_path) in str(e) else "task.path"
+    raise ConfigError(f"config.{key}: {e}") from None
+  return spec, {"exact_match": (exact_match, 1.0)}
+
+
 class Task:
   """Prompts, tokenizer and reward functions. The first reward function decides correctness
-  (the `accuracy` metric and held-out accuracy)."""
+  (the `accuracy` metric and held-out accuracy).
 
-  def __init__(self, cfg: TrainConfig):
+  By default all three come from the config. `spec` replaces the example source: any object
+  with `examples(split, n, seed) -> list[dict]` (each with a "prompt" and whatever the
+  rewards read) and, for a random-init model, `alphabet` (every character of prompts and
+  answers). `reward_fns` replaces the reward functions: `{name: (fn, weight)}`, each `fn`
+  as in `jaxrl_llm.rewards` (completions and examples in, one float per completion out).
+  The configured shaping terms (`rewards.*`) are added to either.
+  """
+
+  def __init__(self, cfg: TrainConfig, spec=None, reward_fns=None):
     t = cfg.task
-    if t.name == "arithmetic":
-      self.spec = ArithmeticTask(digits=t.digits, ops=t.ops, test_fraction=t.test_fraction)
-      self.reward_fns = {"exact_match": (exact_match, 1.0)}
-    elif t.name == "countdown":
-      self.spec = CountdownTask(
-        count=t.count, max_number=t.max_number, test_fraction=t.test_fraction
-      )
-      self.reward_fns = {"countdown": (countdown_reward, 1.0)}
-    else:
-      self.spec = GSM8KFile(t.path, test_fraction=t.test_fraction, test_path=t.test_path or None)
-      self.reward_fns = {"exact_match": (exact_match, 1.0)}
-    self.reward_fns |= shaping_rewards(cfg)
-    if t.data_dir:  # the same examples, written once as TFDS array_record files and read back
-      self.spec = tfds_source(cfg, self.spec)
+    if spec is None:
+      spec, configured = configured_spec(cfg)
+      reward_fns = configured if reward_fns is None else reward_fns
+      if t.data_dir:  # the same examples, written once as TFDS array_record files, read back
+        spec = tfds_source(cfg, spec)
+    elif reward_fns is None:
+      raise ValueError("Task(cfg, spec=...) needs reward_fns too: the spec's own rewards.")
+    self.spec = spec
+    self.reward_fns = dict(reward_fns) | shaping_rewards(cfg)
     # A checkpoint brings its own tokenizer; a random-init model gets the task's characters.
     self.tokenizer = (
-      load_tokenizer(cfg.model.path)
+      checkpoint_tokenizer(cfg.model.path)
       if cfg.model.path
       else CharTokenizer(self.spec.alphabet, with_bos=False)
     )
@@ -82,6 +118,45 @@ class Task:
       t.prompt_buckets,
       t.template,
     )
+    self.filter_overlong = t.filter_overlong_prompts
+
+  def draw(self, split: str, n: int, seed: int, key: str) -> list[dict]:
+    """`n` examples of `split`; when the source holds fewer, the error names `config.<key>`."""
+    try:
+      return self.spec.examples(split, n, seed)
+    except ValueError as e:
+      raise ConfigError(f"config.{key}={n}: {e} Lower config.{key}.") from None
+
+  def fit_prompts(self, examples: list[dict], key: str) -> tuple[list[dict], int]:
+    """The examples whose prompts fit `task.prompt_length` tokens, and how many did not.
+
+    Over-long prompts stop the run with the longest one's length, unless
+    `task.filter_overlong_prompts` drops them. `key` names where the examples came from.
+    """
+    lengths = [len(self.tokenizer.encode(self.render(e))) for e in examples]
+    empty = [i for i, n in enumerate(lengths) if n == 0]
+    if empty:
+      raise ConfigError(
+        f"the prompt of example {empty[0]} of config.{key} renders to no tokens "
+        f"({examples[empty[0]]['prompt']!r}); every prompt needs at least one."
+      )
+    kept = [e for e, n in zip(examples, lengths, strict=True) if n <= self.prompt_length]
+    dropped = len(examples) - len(kept)
+    if dropped and not self.filter_overlong:
+      longest = max(range(len(lengths)), key=lengths.__getitem__)
+      raise ConfigError(
+        f"{dropped} of the {len(examples)} prompts of config.{key} are longer than "
+        f"config.task.prompt_length={self.prompt_length} tokens; the longest has "
+        f"{lengths[longest]} ({examples[longest]['prompt'][:60]!r}...). Raise "
+        f"config.task.prompt_length to {lengths[longest]}, or set "
+        "config.task.filter_overlong_prompts=True to drop them."
+      )
+    if not kept:
+      raise ConfigError(
+        f"every prompt of config.{key} is longer than config.task.prompt_length="
+        f"{self.prompt_length} tokens; raise config.task.prompt_length."
+      )
+    return kept, dropped
 
   def correct(self, completions, examples) -> list[float]:
     fn, _ = next(iter(self.reward_fns.values()))

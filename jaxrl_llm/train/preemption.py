@@ -1,0 +1,39 @@
+"""Save-and-stop on SIGTERM or SIGINT: preemptible VMs and spot slices send SIGTERM."""
+
+import logging
+import signal
+import threading
+
+from jaxrl_llm.train import hosts
+
+log = logging.getLogger(__name__)
+
+
+class Preemption:
+  """While active, the first SIGTERM or SIGINT asks the loop to save and stop after the
+  current step; a second SIGINT interrupts at once."""
+
+  SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+  def __init__(self):
+    self.received = None
+    self._previous = {}
+
+  def _handle(self, signum, frame):
+    if self.received is not None and signum == signal.SIGINT:
+      raise KeyboardInterrupt
+    self.received = signal.Signals(signum).name
+    log.warning("received %s: saving after the current step, then exiting.", self.received)
+
+  def __enter__(self):
+    if threading.current_thread() is threading.main_thread():
+      self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+    return self
+
+  def __exit__(self, *exc):
+    for s, handler in self._previous.items():
+      signal.signal(s, handler)
+
+  def requested(self) -> bool:
+    """Whether any process got a signal (all processes must agree to stop together)."""
+    return hosts.any_process(self.received is not None)

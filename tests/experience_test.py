@@ -1,0 +1,147 @@
+"""What the trainer feeds the loss and what it logs: cut-off completions, rows the loss leaves
+out, the learning rate actually applied, throughput at the padded width, and end ids."""
+
+import json
+import shutil
+
+import jax
+import numpy as np
+import pytest
+from train_test import OnesTask, _learner, _one_batch, small_config
+
+from jaxrl_llm.train import loop as loop_lib
+from jaxrl_llm.train import perf, train
+
+
+def _truncated_batch(learner, cfg):
+  batch = _one_batch(learner, cfg)
+  truncated = np.asarray(batch.truncated_B)
+  assert truncated.any() and not truncated.all()  # the random policy ends some rows only
+  return batch, truncated
+
+
+@pytest.mark.parametrize("mode", ["bootstrap", "mask"])
+def test_cut_off_completions(tmp_path, mode):
+  """`bootstrap`: the return of a cut-off row continues from the critic's value after its
+  last token, ended rows are unchanged; `mask`: cut-off rows leave the loss."""
+  base = {"algo.estimator": "gae", "rollout.max_new_tokens": 3}
+  exps = {}
+  for truncation in ("terminal", mode):
+    cfg = small_config(tmp_path, **base, **{"algo.truncation": truncation})
+    learner = _learner(cfg)
+    batch, truncated = _truncated_batch(learner, cfg)
+    exps[truncation] = jax.device_get(learner.experience(batch)[0])
+  terminal, other = exps["terminal"], exps[mode]
+  mask = np.asarray(terminal.batch.mask_BxN)
+  if mode == "bootstrap":
+    np.testing.assert_array_equal(other.loss_mask_BxN, mask)
+    ended = ~truncated
+    np.testing.assert_allclose(other.returns_BxN[ended], terminal.returns_BxN[ended], atol=1e-6)
+    gap = np.abs(other.returns_BxN - terminal.returns_BxN)[truncated].max(-1)
+    assert (gap > 1e-6).all()
+  else:
+    np.testing.assert_array_equal(other.loss_mask_BxN, mask & ~truncated[:, None])
+    assert np.asarray(other.advantages_BxN)[truncated].max() == 0
+
+
+def test_uninformative_groups_leave_the_loss_when_dynamic_sampling_runs_out(tmp_path):
+  """A random policy never solves 2-digit addition, so every group has equal rewards and the
+  extra rounds cannot replace them: none is kept, so nothing (not even the entropy bonus)
+  moves the policy."""
+  cfg = small_config(
+    tmp_path,
+    **{
+      "rollout.dynamic_sampling": True,
+      "rollout.max_extra_rounds": 1,
+      "run.steps": 2,
+      "algo.entropy_coef": 0.05,
+    },
+  )
+  summary = train(cfg, devices=jax.devices()[:1])
+  rows = [json.loads(line) for line in open(summary["metrics"])]
+  assert [r["dynamic_groups_kept"] for r in rows] == [0, 0]
+  assert [r["grad_norm"] for r in rows] == [0.0, 0.0]
+
+
+def test_dynamic_sampling_keeps_informative_groups(tmp_path):
+  cfg = small_config(tmp_path, **{"rollout.dynamic_sampling": True, "run.steps": 2})
+  summary = train(cfg, devices=jax.devices()[:1], task=OnesTask(cfg))
+  for row in map(json.loads, open(summary["metrics"])):
+    kept = row["informative_group_fraction"] * cfg.rollout.prompts_per_step
+    assert row["dynamic_groups_kept"] == round(kept) > 0
+
+
+def test_logged_learning_rate_is_the_one_applied(tmp_path):
+  """During critic warm-up the policy takes no step: its logged rate is 0, the critic's not."""
+  cfg = small_config(
+    tmp_path,
+    **{
+      "algo.estimator": "gae",
+      "algo.critic_warmup_steps": 2,
+      "run.steps": 4,
+      "optim.learning_rate": 1e-3,
+      "algo.critic_lr": 2e-3,
+    },
+  )
+  summary = train(cfg, devices=jax.devices()[:1])
+  rows = [json.loads(line) for line in open(summary["metrics"])]
+  np.testing.assert_allclose([r["learning_rate"] for r in rows], [0, 0, 1e-3, 1e-3], rtol=1e-6)
+  np.testing.assert_allclose([r["critic_learning_rate"] for r in rows], [2e-3] * 4, rtol=1e-6)
+
+
+def test_throughput_counts_the_padded_width(tmp_path):
+  """Prompts of 6 characters in a bucket of 6: tokens/s and MFU count 6 prompt positions, not
+  task.prompt_length's 10; MFU stays below 1 with asynchronous checkpoint writes running."""
+  cfg = small_config(
+    tmp_path,
+    **{
+      "task.prompt_length": 10,
+      "task.prompt_buckets": (6,),
+      "run.steps": 3,
+      "checkpoint.every": 1,
+      "checkpoint.async_save": True,
+    },
+  )
+  summary = train(cfg, devices=jax.devices()[:1])
+  B, N = cfg.batch_size, cfg.rollout.max_new_tokens
+  for row in map(json.loads, open(summary["metrics"])):
+    np.testing.assert_allclose(row["tokens_per_s"] * row["step_time_s"], B * (6 + N), rtol=1e-9)
+    assert 0 < row["mfu"] < 1
+
+
+def test_mfu_above_one_is_refused():
+  with pytest.raises(RuntimeError, match="config.run.peak_flops_per_device"):
+    perf.mfu(flops=2e9, seconds=1.0, peak=1e9)
+  assert perf.mfu(flops=5e8, seconds=1.0, peak=1e9) == 0.5
+
+
+def test_generation_stops_on_every_declared_end_id(tmp_path):
+  """A checkpoint whose generation_config.json lists end ids besides the tokenizer's EOS (as
+  Qwen2.5 and Llama-3-Instruct do): the sampler stops on each of them."""
+  model_dir = tmp_path / "model"
+  shutil.copytree("tests/fixtures/qwen2_tied", model_dir)
+  cfg = small_config(tmp_path, **{"model.path": str(model_dir), "task.prompt_length": 16})
+  learner = _learner(cfg)
+  task = loop_lib.Task(cfg)
+  local = task.spec.examples("train", 8, 0)
+  prompt = loop_lib._local_prompts(learner, task, local)
+  run = lambda lrn: jax.device_get(
+    lrn.generate(
+      lrn.policy,
+      prompt.tokens_BxP,
+      prompt.mask_BxP,
+      jax.random.key(0),
+      num_samples=1,
+      temperature=0.0,
+    )
+  )
+  first_tokens = sorted({int(t) for t in run(learner).tokens_BxN[:, 0]})
+  eos = task.tokenizer.eos_id
+  (model_dir / "generation_config.json").write_text(
+    json.dumps({"eos_token_id": [eos, *first_tokens]})
+  )
+  declared = _learner(cfg)
+  assert declared.eos_ids == tuple(sorted({eos, *first_tokens}))
+  out = run(declared)
+  np.testing.assert_array_equal(out.lengths_B, 1)  # every row ends at its first token
+  assert not out.truncated_B.any()

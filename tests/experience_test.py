@@ -145,3 +145,18 @@ def test_generation_stops_on_every_declared_end_id(tmp_path):
   out = run(declared)
   np.testing.assert_array_equal(out.lengths_B, 1)  # every row ends at its first token
   assert not out.truncated_B.any()
+
+
+def test_warm_start_rows_pad_to_the_width_every_process_agrees_on(tmp_path, monkeypatch):
+  """With prompt buckets, a process whose labelled prompts are all short (bucket 6) still
+  pads them to the bucket another process needs (8, as the all-gather would report), so
+  the global batch has one width."""
+  cfg = small_config(tmp_path, **{"task.prompt_length": 10, "task.prompt_buckets": (4, 6, 8)})
+  task = loop_lib.Task(cfg)
+  monkeypatch.setattr(loop_lib.hosts, "global_max", lambda width: max(width, 8))
+  local = [{"prompt": "1+2=", "answer": "3"}, {"prompt": "10+20=", "answer": "30"}]
+  assert task.prompts(local).tokens_BxP.shape == (2, 6)
+  batch = loop_lib._labelled_batch(task, local, cfg.rollout.max_new_tokens)
+  assert batch.prompt_BxP.shape == (2, 8)
+  np.testing.assert_array_equal(batch.prompt_mask_BxP.sum(-1), [4, 6])
+  np.testing.assert_array_equal(batch.prompt_mask_BxP[:, -1], True)  # left padding

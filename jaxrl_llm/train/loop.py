@@ -68,11 +68,21 @@ def evaluate(learner: Learner, task: Task, examples: list[dict], batch_size: int
   return float(np.mean(correct))
 
 
+def _labelled_batch(task, local, max_new_tokens) -> Batch:
+  """This process's labelled rows, their prompts padded to the width every process agrees on."""
+  batch = task.labelled_batch(local, max_new_tokens)
+  width = hosts.global_max(batch.prompt_BxP.shape[1])
+  return batch._replace(
+    prompt_BxP=pad_left_to(batch.prompt_BxP, width, task.tokenizer.pad_id),
+    prompt_mask_BxP=pad_left_to(batch.prompt_mask_BxP, width, False),
+  )
+
+
 def _warm_start(learner, task, labelled, cfg, bar_enabled):
-  w = cfg.warmstart
+  w, N = cfg.warmstart, cfg.rollout.max_new_tokens
   rows = hosts.local_rows(learner.mesh, w.batch_size)
   stream = prompt_iterator(labelled, w.batch_size, seed=cfg.run.seed + 3, rows=rows)
-  batches = (task.labelled_batch(next(stream), cfg.rollout.max_new_tokens) for _ in iter(int, 1))
+  batches = (_labelled_batch(task, next(stream), N) for _ in iter(int, 1))
   with tqdm(total=w.steps, desc="warm start", disable=not bar_enabled) as bar:
     losses = warm_start(
       learner, batches, steps=w.steps, learning_rate=w.learning_rate, progress=bar

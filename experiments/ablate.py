@@ -21,7 +21,6 @@ import datetime
 import json
 import math
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -29,6 +28,8 @@ from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
+
+from experiments import provenance
 
 REPO = Path(__file__).resolve().parents[1]
 FINAL_FRACTION = 0.1  # "final" KL, entropy, lengths, clip fraction: the mean over the last 10%
@@ -94,18 +95,6 @@ SMOKE = {  # 2 steps per method: checks the whole pipeline, measures nothing
 
 def _flags(settings: dict) -> list[str]:
   return [f"--config.{k}={v}" for k, v in settings.items()]
-
-
-def _commit() -> str:
-  """The code the grid ran: HEAD, marked `+changes` when the working tree's code (Python
-  files, pyproject.toml) differs from it."""
-  git = lambda *a: subprocess.run(["git", *a], cwd=REPO, capture_output=True, text=True)
-  head = git("rev-parse", "--short", "HEAD")
-  if head.returncode:
-    return "unknown (not a git checkout)"
-  dirty = git("status", "--porcelain", "--untracked-files=no", "--", "*.py", "pyproject.toml")
-  dirty = dirty.stdout.strip()
-  return head.stdout.strip() + ("+changes" if dirty else "")
 
 
 def _env(out: Path) -> dict:
@@ -263,20 +252,6 @@ def _fmt(value, digits=3):
   )
 
 
-def _machine() -> str:
-  cpu = platform.processor() or platform.machine()
-  try:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-      if line.startswith("model name"):
-        cpu = line.split(":", 1)[1].strip()
-        break
-  except OSError:
-    pass
-  import jax
-
-  return f"{cpu}, {os.cpu_count()} cores, {jax.default_backend()} backend, jax {jax.__version__}"
-
-
 def plot(results: dict, suite: Suite, out: Path) -> list[str]:
   import matplotlib
 
@@ -416,8 +391,8 @@ def main(argv=None) -> Path:
     "smoke": args.smoke,
     "jobs": args.jobs,
     "command": "python -m experiments.ablate " + " ".join(argv or sys.argv[1:]),
-    "machine": _machine(),
-    "commit": _commit(),
+    "machine": provenance.machine(),
+    "commit": provenance.commit(),
     "date": datetime.date.today().isoformat(),
     "wall_minutes": (time.monotonic() - start) / 60,
   }

@@ -2,10 +2,13 @@
 
   python -m experiments.benchmarks.bench_core [--repeats N]
 
-Prints median wall times after compilation. With torch installed (the `bench`
-extra), it also times, on the same inputs in the same run, the reverse Python
-loop that verl uses for GAE and an eager torch version of the loss, and prints
-the ratios. Asserts nothing about time; writes results/bench_core.json.
+Prints median wall times after compilation, and for the loss the memory XLA allocates for
+it (`memory_analysis()` of the compiled program: temporaries, and with the inputs and
+outputs, the logits' gradient among them): unchunked from float32 logits, chunked from
+float32 logits, and chunked from bfloat16 logits. With torch installed (the `bench`
+extra), it also times, on the same inputs in the same run, the reverse Python loop that
+verl uses for GAE and an eager torch version of the loss (float32, as the unchunked jax
+line), and prints the ratios. Asserts nothing about time; appends to results/bench_core.jsonl.
 """
 
 import argparse
@@ -124,13 +127,31 @@ def main(argv=None):
   inputs = loss_inputs()
   j_inputs = tuple(map(jnp.asarray, inputs))
   shape = f"B={LOSS_B} T={LOSS_T} V={LOSS_V}"
-  for chunked in (False, True):
+  fp32_logits_mb = LOSS_B * LOSS_T * LOSS_V * 4 / 1e6
+  print(f"one float32 [B, T, V] array: {fp32_logits_mb:.0f} MB")
+  # (label, key, chunked, logits dtype)
+  variants = (
+    ("log-probs, fp32 logits", "loss_grad_jax", False, jnp.float32),
+    ("chunked, fp32 logits", "loss_grad_jax_chunked", True, jnp.float32),
+    ("chunked, bf16 logits", "loss_grad_jax_chunked_bf16", True, jnp.bfloat16),
+  )
+  for label, key, chunked, dtype in variants:
     fn = jax.jit(jax.value_and_grad(functools.partial(jax_loss, chunked=chunked)))
-    t = time_fn(fn, *j_inputs, repeats=args.repeats)
-    key = "loss_grad_jax_chunked_ms" if chunked else "loss_grad_jax_ms"
-    results[key] = 1e3 * t
-    label = "chunked log-probs" if chunked else "log-probs"
-    print(f"loss+grad {shape} ({label:17s}): {1e3 * t:9.1f} ms")
+    args_ = (j_inputs[0].astype(dtype), *j_inputs[1:])
+    memory = fn.lower(*args_).compile().memory_analysis()
+    temp_mb = memory.temp_size_in_bytes / 1e6
+    total_mb = (
+      memory.argument_size_in_bytes
+      + memory.output_size_in_bytes
+      + memory.temp_size_in_bytes
+      - memory.alias_size_in_bytes
+    ) / 1e6
+    t = time_fn(fn, *args_, repeats=args.repeats)
+    results |= {f"{key}_ms": 1e3 * t, f"{key}_temp_mb": temp_mb, f"{key}_total_mb": total_mb}
+    print(
+      f"loss+grad {shape} ({label:22s}): {1e3 * t:9.1f} ms, {temp_mb:5.0f} MB of temporaries, "
+      f"{total_mb:5.0f} MB with inputs and outputs"
+    )
   if have_torch:
     t_inputs = tuple(map(torch.from_numpy, inputs))
     t_torch = time_fn(torch_loss_and_grad, *t_inputs, repeats=args.repeats)

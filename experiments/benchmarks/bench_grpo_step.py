@@ -1,22 +1,28 @@
-"""Seconds per GRPO iteration against TRL's GRPOTrainer on the same workload.
+"""Seconds per GRPO iteration against TRL's GRPOTrainer and tunix's GRPOLearner on one workload.
 
-  python -m experiments.benchmarks.bench_grpo_step [--steps N]
+  python -m experiments.benchmarks.bench_grpo_step [--steps N] [--tunix-python PATH]
 
 Workload (as in TRL's GRPOTrainer): a random-init Qwen2-shaped policy (hidden
-256, 4 layers, 4 heads / 2 kv heads, mlp 688, tied embeddings) over a 14-token
-character vocabulary (pad, eos, digits, '+', '='); prompts like "123+456=",
-16 prompts x 8 samples, 16 new tokens at temperature 1; exact-match reward;
-beta = 0.04 with the k3 estimator in the loss; one optimizer step per generation
-batch. jaxrl_llm runs its real training loop; with the `bench` extra installed,
-TRL runs the identical weights (exported with `save_model`) in the same process.
-Prints the median seconds per iteration after warm-up, the MFU estimate, and the
-ratio.
+256, 4 layers, 4 heads / 2 kv heads, mlp 688, tied embeddings) over the 15-token
+character vocabulary of 3-digit arithmetic (pad, EOS, digits, '=', '+', '-'); prompts
+like "123+456=", 16 prompts x 8 samples, 16 new tokens at temperature 1; exact-match
+reward; beta = 0.04 with a KL penalty to the reference in the loss; one optimizer step
+per generation batch; float32. jaxrl_llm runs its real training loop. With the `bench`
+extra installed, TRL runs the identical weights (exported with `save_model`) in the same
+process, twice: at its fastest setting for this workload (`gradient_checkpointing=False`:
+jaxrl_llm recomputes nothing either) and at its default (gradient checkpointing on), each
+on its own line. With tunix installed in its own environment (`.venv-tunix`, see
+experiments/benchmarks/README.md; tunix needs safetensors < 0.8, transformers >= 5.23 needs
+0.8), its GRPOLearner runs the same weights in a subprocess of the same run. Prints the
+median seconds per iteration after warm-up, the MFU estimate, and the ratios; appends the
+figures to results/bench_grpo_step.jsonl.
 """
 
 import argparse
 import importlib.util
 import json
 import statistics
+import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -26,6 +32,7 @@ import numpy as np
 from flax import nnx
 
 from experiments.benchmarks.common import machine, write_results
+from experiments.benchmarks.peers import tunix_python
 from jaxrl_llm.data import ArithmeticTask
 from jaxrl_llm.models import CharTokenizer, save_model
 from jaxrl_llm.rewards import exact_match
@@ -94,7 +101,12 @@ def hf_tokenizer(tok: CharTokenizer):
   )
 
 
-def bench_trl(learner, steps: int):
+def export(learner, directory: Path) -> Path:
+  """The policy's weights as a Hugging Face directory, for the peers."""
+  return save_model(nnx.merge(learner.policy_def, jax.device_get(learner.policy)), directory)
+
+
+def bench_trl(model_dir: Path, steps: int, gradient_checkpointing: bool):
   import datasets
   import torch
   import transformers
@@ -117,12 +129,9 @@ def bench_trl(learner, steps: int):
       times.append(time.perf_counter() - self.start)
 
   with tempfile.TemporaryDirectory() as tmp:
-    policy = nnx.merge(learner.policy_def, jax.device_get(learner.policy))
-    save_model(policy, Path(tmp) / "model")
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-      Path(tmp) / "model", dtype=torch.float32
-    )
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     args = trl.GRPOConfig(
+      gradient_checkpointing=gradient_checkpointing,
       output_dir=str(Path(tmp) / "trl"),
       use_cpu=True,
       bf16=False,
@@ -156,25 +165,46 @@ def bench_trl(learner, steps: int):
   return statistics.median(times[WARMUP:]), f"trl {trl.__version__}, torch {torch.__version__}"
 
 
+def bench_tunix(python: str, model_dir: Path, steps: int) -> dict:
+  """tunix's GRPOLearner on the same weights, in its own environment."""
+  command = [python, str(Path(__file__).with_name("tunix_peer.py")), "grpo"]
+  command += ["--model", str(model_dir), "--steps", str(steps)]
+  out = subprocess.run(command, capture_output=True, text=True, check=True)
+  return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--steps", type=int, default=12)
+  parser.add_argument("--tunix-python", default=None, help="python of the tunix environment")
   args = parser.parse_args(argv)
   print(f"machine: {machine()}")
   with tempfile.TemporaryDirectory() as tmp:
     t_jax, mfu, learner = bench_jax(args.steps, tmp)
-  print(
-    f"jaxrl_llm: {t_jax:.3f} s/iteration (median of {args.steps - WARMUP} after warm-up), "
-    f"MFU {100 * mfu:.1f}% of the measured CPU matmul peak, {learner.num_params:,} params"
-  )
-  results = {"jax_s_per_iteration": t_jax, "jax_mfu": mfu, "params": learner.num_params}
-  if importlib.util.find_spec("trl"):
-    t_trl, info = bench_trl(learner, args.steps)
-    results |= {"trl_s_per_iteration": t_trl, "speedup": t_trl / t_jax, "peer": info}
+    model_dir = export(learner, Path(tmp) / "model")
     print(
-      f"TRL GRPOTrainer: {t_trl:.3f} s/iteration ({info}) -> jaxrl_llm is "
-      f"{t_trl / t_jax:.1f}x faster"
+      f"jaxrl_llm: {t_jax:.3f} s/iteration (median of {args.steps - WARMUP} after warm-up), "
+      f"MFU {100 * mfu:.1f}% of the measured CPU matmul peak, {learner.num_params:,} params"
     )
+    results = {"jax_s_per_iteration": t_jax, "jax_mfu": mfu, "params": learner.num_params}
+    if importlib.util.find_spec("trl"):
+      for label, checkpointing in (("fastest", False), ("default", True)):
+        t_trl, info = bench_trl(model_dir, args.steps, checkpointing)
+        results |= {f"trl_{label}_s_per_iteration": t_trl, "trl": info}
+        print(
+          f"TRL GRPOTrainer, gradient_checkpointing={checkpointing} ({label}): {t_trl:.3f} "
+          f"s/iteration ({info}) -> jaxrl_llm is {t_trl / t_jax:.2f}x faster"
+        )
+      results["speedup_vs_trl"] = results["trl_fastest_s_per_iteration"] / t_jax
+    python = tunix_python(args.tunix_python)
+    if python:
+      tunix = bench_tunix(python, model_dir, args.steps)
+      t_tunix = tunix["s_per_iteration"]
+      results |= {"tunix_s_per_iteration": t_tunix, "tunix": tunix}
+      results["speedup_vs_tunix"] = t_tunix / t_jax
+      print(
+        f"{tunix['peer']}: {t_tunix:.3f} s/iteration -> jaxrl_llm is {t_tunix / t_jax:.2f}x faster"
+      )
   print(f"wrote {write_results('bench_grpo_step', results)}")
 
 

@@ -1,24 +1,34 @@
-"""Sampler throughput against transformers' generate, and against the memory-bandwidth roofline.
+"""Sampler throughput against transformers' and tunix's, and against the memory-bandwidth roofline.
 
   python -m experiments.benchmarks.bench_sampler [--repeats N] [--dtype float32|bfloat16]
 
 Model: random-init Qwen2 shape (vocab 32000, hidden 512, 8 layers, 8 heads,
 2 kv heads, mlp 1408, tied embeddings). Run: batch 16, prompt 64, 128 new
-tokens, temperature 1, no early stop. Prints tokens/s after compilation; with
-torch and transformers installed (the `bench` extra) also runs
-`transformers.generate` on the identical weights (exported with `save_model`)
-in the same process, and prints the ratio. The roofline fraction compares the
-bytes a decode step must read (params plus the whole KV cache) per step time
-with the bandwidth of a streaming read measured in the same run. To show where a decode
-step's time goes, it also measures how fast a chain of decode-shaped matmuls reads its
-weights when they are runtime arguments (as in decoding) and when they are compile-time
-constants.
+tokens, temperature 1, no early stop. Prints tokens/s after compilation.
+
+Peers, on the identical weights (exported with `save_model`) and prompts, in the same run:
+- with torch and transformers installed (the `bench` extra), `transformers.generate` with
+  each cache it offers on CPU: the default dynamic cache (`DynamicCache`), the static cache
+  (`cache_implementation="static"`), and the static cache with the model's forward under
+  `torch.compile`; a setting that fails is reported as such. The ratio is against the
+  fastest that works.
+- with tunix in its own environment (`.venv-tunix`, see experiments/benchmarks/README.md),
+  tunix's sampler, in a subprocess.
+
+The roofline fraction compares the bytes a decode step must read (params plus the whole KV
+cache) per step time with the bandwidth of a streaming read measured in the same run. To
+show where a decode step's time goes, it also measures how fast a chain of decode-shaped
+matmuls reads its weights when they are runtime arguments (as in decoding) and when they
+are compile-time constants. Appends the figures to results/bench_sampler.jsonl.
 """
 
 import argparse
 import importlib.util
+import json
+import subprocess
 import tempfile
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -26,6 +36,7 @@ import numpy as np
 from flax import nnx
 
 from experiments.benchmarks.common import machine, time_fn, write_results
+from experiments.benchmarks.peers import tunix_python
 from jaxrl_llm.models import CausalLM, ModelConfig, save_model
 from jaxrl_llm.rollout import generate
 
@@ -117,17 +128,20 @@ def bench_jax(model, prompt, mask, repeats):
   return t_full, t_prefill, params
 
 
-def bench_transformers(model, prompt, mask, repeats):
+TRANSFORMERS_CACHES = {
+  "dynamic cache (generate's default)": {},
+  "static cache": {"cache_implementation": "static"},
+  "static cache + torch.compile": {"cache_implementation": "static", "compile": True},
+}
+
+
+def bench_transformers(model_dir, dtype, prompt, mask, repeats) -> dict:
+  """tokens/s of `transformers.generate` with each cache setting (or the error it raised)."""
   import torch
   import transformers
 
-  with tempfile.TemporaryDirectory() as tmp:
-    save_model(model, tmp)
-    hf = transformers.AutoModelForCausalLM.from_pretrained(
-      tmp, dtype=torch.float32 if model.cfg.dtype == jnp.float32 else torch.bfloat16
-    ).eval()
   ids, attn = torch.from_numpy(np.array(prompt)).long(), torch.from_numpy(np.array(mask))
-  kwargs = dict(
+  common = dict(
     attention_mask=attn,
     do_sample=True,
     temperature=1.0,
@@ -137,25 +151,53 @@ def bench_transformers(model, prompt, mask, repeats):
     min_new_tokens=N,
     pad_token_id=0,
   )
+  out = {}
+  for label, setting in TRANSFORMERS_CACHES.items():
+    torch_dtype = torch.float32 if dtype == jnp.float32 else torch.bfloat16
+    hf = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype).eval()
+    kwargs = dict(common)
+    if "cache_implementation" in setting:
+      kwargs["cache_implementation"] = setting["cache_implementation"]
+    if setting.get("compile"):
+      hf.forward = torch.compile(hf.forward)
 
-  def run():
-    with torch.no_grad():
-      return hf.generate(ids, **kwargs)
+    def run(hf=hf, kwargs=kwargs):
+      with torch.no_grad():
+        return hf.generate(ids, **kwargs)
 
-  run()  # warm-up
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    out = run()
-    times.append(time.perf_counter() - start)
-  assert out.shape == (B, P + N)
-  return float(np.median(times)), f"{torch.__version__}, {torch.get_num_threads()} threads"
+    try:
+      start = time.perf_counter()
+      run()  # warm-up (and compilation)
+      first = time.perf_counter() - start
+      times = []
+      for _ in range(repeats):
+        start = time.perf_counter()
+        tokens = run()
+        times.append(time.perf_counter() - start)
+      assert tokens.shape == (B, P + N)
+      out[label] = {"tokens_per_s": B * N / float(np.median(times)), "first_call_s": first}
+    except Exception as e:  # noqa: BLE001 - a setting CPU cannot run is a result too
+      out[label] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
+  info = f"transformers {transformers.__version__}, torch {torch.__version__}, "
+  return out | {"versions": info + f"{torch.get_num_threads()} threads"}
+
+
+def bench_tunix(python, model_dir, prompt, mask, dtype, repeats) -> dict:
+  """tunix's sampler on the same weights and prompts, in its own environment."""
+  prompts = Path(model_dir) / "prompts.npz"
+  np.savez(prompts, tokens=np.asarray(prompt), mask=np.asarray(mask))
+  command = [python, str(Path(__file__).with_name("tunix_peer.py")), "sampler"]
+  command += ["--model", str(model_dir), "--prompts", str(prompts), "--max-new-tokens", str(N)]
+  command += ["--repeats", str(repeats), "--dtype", dtype]
+  out = subprocess.run(command, capture_output=True, text=True, check=True)
+  return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--repeats", type=int, default=3)
   parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+  parser.add_argument("--tunix-python", default=None, help="python of the tunix environment")
   args = parser.parse_args(argv)
   cfg = model_config(jnp.dtype(args.dtype))
   model = CausalLM(cfg, rngs=nnx.Rngs(0))
@@ -217,15 +259,30 @@ def main(argv=None):
     f"matmuls reads its weights at {runtime_bw / 1e9:.1f} GB/s when they are runtime arguments "
     f"(as in decoding), {constant_bw / 1e9:.1f} GB/s when they are compile-time constants"
   )
-  if importlib.util.find_spec("torch") and importlib.util.find_spec("transformers"):
-    t_hf, torch_info = bench_transformers(model, prompt, mask, args.repeats)
-    hf_tok_s = B * N / t_hf
-    results.update(transformers_tokens_per_s=hf_tok_s, speedup=tok_s / hf_tok_s, torch=torch_info)
-    print(
-      f"transformers generate: {hf_tok_s:8.0f} tokens/s ({t_hf:.2f} s; torch {torch_info})"
-      f" -> jaxrl_llm is {tok_s / hf_tok_s:.1f}x faster"
-    )
-  print(f"wrote {write_results(f'bench_sampler_{args.dtype}', results)}")
+  with tempfile.TemporaryDirectory() as model_dir:
+    save_model(model, model_dir)
+    if importlib.util.find_spec("torch") and importlib.util.find_spec("transformers"):
+      hf = bench_transformers(model_dir, cfg.dtype, prompt, mask, args.repeats)
+      results["transformers"] = hf
+      print(f"transformers ({hf['versions']}):")
+      for label in TRANSFORMERS_CACHES:
+        r = hf[label]
+        line = r.get("error") or f"{r['tokens_per_s']:8.0f} tokens/s -> jaxrl_llm is "
+        line += "" if "error" in r else f"{tok_s / r['tokens_per_s']:.2f}x faster"
+        print(f"  {label}: {line}")
+      working = [hf[k]["tokens_per_s"] for k in TRANSFORMERS_CACHES if "error" not in hf[k]]
+      if working:
+        results["speedup_vs_transformers_fastest"] = tok_s / max(working)
+    python = tunix_python(args.tunix_python)
+    if python:
+      tunix = bench_tunix(python, model_dir, prompt, mask, args.dtype, args.repeats)
+      results["tunix"] = tunix
+      results["speedup_vs_tunix"] = tok_s / tunix["tokens_per_s"]
+      print(
+        f"{tunix['peer']}: {tunix['tokens_per_s']:8.0f} tokens/s -> jaxrl_llm is "
+        f"{tok_s / tunix['tokens_per_s']:.2f}x faster"
+      )
+  print(f"wrote {write_results('bench_sampler', results)}")
 
 
 if __name__ == "__main__":

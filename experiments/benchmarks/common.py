@@ -1,26 +1,21 @@
-"""Timing and reporting helpers shared by the benchmarks."""
+"""Timing and reporting helpers shared by the benchmarks.
+
+Every run appends one row to `results/<name>.jsonl` (with the date, the machine and the
+commit), so a range quoted over several runs is a range over committed rows;
+`python -m experiments.benchmarks.summarize` prints them.
+"""
 
 import json
-import os
-import platform
 import statistics
 import time
 from pathlib import Path
 
 import jax
 
+from experiments import provenance
 
-def machine() -> str:
-  """One line naming the hardware the figures came from."""
-  cpu = platform.processor() or platform.machine()
-  try:
-    with open("/proc/cpuinfo") as f:
-      cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-  except (OSError, StopIteration):
-    pass
-  dev = jax.devices()[0]
-  accel = "" if dev.platform == "cpu" else f", {len(jax.devices())} x {dev.device_kind}"
-  return f"{cpu}, {os.cpu_count()} cores{accel}; jax {jax.__version__} on {dev.platform}"
+RESULTS = Path(__file__).parent / "results"
+machine = provenance.machine
 
 
 def time_fn(fn, *args, repeats=10, warmup=2):
@@ -35,9 +30,20 @@ def time_fn(fn, *args, repeats=10, warmup=2):
   return statistics.median(times)
 
 
+def write_jsonl(path, row: dict) -> Path:
+  """Appends `row` as one JSON line to `path`."""
+  path = Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  with path.open("a") as f:
+    f.write(json.dumps(row) + "\n")
+  return path
+
+
 def write_results(name: str, results: dict) -> Path:
-  """Writes results with the machine name to experiments/benchmarks/results/<name>.json."""
-  out = Path(__file__).parent / "results" / f"{name}.json"
-  out.parent.mkdir(exist_ok=True)
-  out.write_text(json.dumps({"machine": machine(), **results}, indent=2) + "\n")
-  return out
+  """Appends `results`, stamped with date, machine and commit, to results/<name>.jsonl."""
+  return write_jsonl(RESULTS / f"{name}.jsonl", provenance.stamp() | results)
+
+
+def read_results(name: str) -> list[dict]:
+  path = RESULTS / f"{name}.jsonl"
+  return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []

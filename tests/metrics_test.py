@@ -38,3 +38,26 @@ def test_resume_truncates_jsonl_and_purges_tensorboard(tmp_path):
   assert [e.step for e in _events(first_file) if e.HasField("summary")] == [1, 2, 3, 4, 5]
   purge = [e for e in _events(second_file) if e.HasField("session_log")]
   assert [(e.step, e.session_log.status) for e in purge] == [(3, event_pb2.SessionLog.START)]
+
+
+def test_values_without_a_point_stay_out_of_tensorboard(tmp_path):
+  """A step with no correct answer has no response_length_correct: the JSONL row holds
+  null and TensorBoard gets no NaN or Inf (tensorboardX warns on each)."""
+  writer = MetricsWriter(tmp_path)
+  writer.write(1, {"reward_mean": 0.5, "response_length_correct": None, "ratio": float("nan")})
+  writer.write(2, {"reward_mean": 0.7, "response_length_correct": 3.0, "ratio": float("inf")})
+  writer.close()
+  rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").open()]
+  assert rows[0]["response_length_correct"] is None and rows[0]["ratio"] is None
+  (events_file,) = (tmp_path / "tb").iterdir()
+  points = [
+    (e.step, v.tag, v.simple_value)
+    for e in _events(events_file)
+    if e.HasField("summary")
+    for v in e.summary.value
+  ]
+  assert sorted(points) == [
+    (1, "reward_mean", 0.5),
+    (2, "response_length_correct", 3.0),
+    (2, "reward_mean", 0.699999988079071),
+  ]

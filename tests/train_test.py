@@ -334,6 +334,15 @@ def test_no_op_settings_are_accepted(tmp_path, overrides):
   small_config(tmp_path, **overrides)
 
 
+def test_the_default_run_is_grpo_as_published():
+  """GRPO's 1/|o_i| inside the group mean, not DAPO's token mean; the command line says so."""
+  cfg = from_config_dict(experiments.default.get_config())
+  assert (cfg.algo.estimator, cfg.algo.aggregation) == ("grpo", "seq-mean-token-mean")
+  assert cfg.describe().startswith(
+    "grpo advantages, ppo_clip loss, seq-mean-token-mean aggregation, no KL term"
+  )
+
+
 def test_unknown_key_suggests_the_right_one(tmp_path):
   c = experiments.default.get_config()
   c.algo.clip_hgh = 0.28

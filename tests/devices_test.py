@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+from train_test import run_cli
 
 
 @pytest.mark.parametrize("devices", [2, 8])
@@ -14,23 +15,14 @@ def test_main_command_runs_on_several_devices(tmp_path, devices):
   """A short warm start, then 3 GRPO steps, on a data-parallel mesh of every device."""
   workdir = tmp_path / "run"
   env = os.environ | {"XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
-  out = subprocess.run(
-    [
-      sys.executable,
-      "-m",
-      "jaxrl_llm.train",
-      "--config",
-      "experiments/default.py",
-      "--config.run.steps=3",
-      "--config.warmstart.steps=40",
-      "--config.run.eval_examples=64",
-      "--config.run.eval_batch_size=64",
-      f"--config.run.workdir={workdir}",
-      "--config.run.progress=False",
-    ],
-    capture_output=True,
-    text=True,
-    timeout=600,
+  out = run_cli(
+    "--config.run.steps=3",
+    "--config.warmstart.steps=40",
+    "--config.run.eval_examples=64",
+    "--config.run.eval_batch_size=64",
+    f"--config.run.workdir={workdir}",
+    "--config.run.progress=False",
+    "--config.model.num_layers=1",
     env=env,
   )
   assert out.returncode == 0, out.stderr[-3000:]

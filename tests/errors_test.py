@@ -3,12 +3,10 @@ and the fix (the list in docs/troubleshooting.md)."""
 
 import json
 import shutil
-import subprocess
-import sys
 
 import jax
 import pytest
-from train_test import small_config
+from train_test import run_cli, small_config
 
 from jaxrl_llm.train import ConfigError, train
 
@@ -122,20 +120,7 @@ def test_local_file_too_small_or_missing(tmp_path, overrides, message):
 
 
 def test_the_command_line_prints_the_key_and_exits(tmp_path):
-  out = subprocess.run(
-    [
-      sys.executable,
-      "-m",
-      "jaxrl_llm.train",
-      "--config",
-      "experiments/default.py",
-      "--config.task.prompt_length=3",
-      f"--config.run.workdir={tmp_path / 'run'}",
-    ],
-    capture_output=True,
-    text=True,
-    timeout=300,
-  )
+  out = run_cli("--config.task.prompt_length=3", f"--config.run.workdir={tmp_path / 'run'}")
   assert out.returncode == 1
   assert (
     out.stderr.strip()

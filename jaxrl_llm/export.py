@@ -70,8 +70,14 @@ def load_policy(checkpoint, step: int | None = None) -> tuple[CausalLM, dict]:
   meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
   if "model_config" not in meta:
     raise ExportError(f"step {step} in {directory} has no model config in its metadata.")
-  dtype = jnp.dtype(meta["config"]["model"]["param_dtype"])
-  model_cfg = from_hf_config(meta["model_config"], param_dtype=dtype, dtype=dtype)
+  model = meta["config"]["model"]
+  dtype = jnp.dtype(model["param_dtype"])
+  model_cfg = from_hf_config(
+    meta["model_config"],
+    param_dtype=dtype,
+    dtype=dtype,
+    scan_layers=bool(model.get("scan_layers", False)),  # the layout the checkpoint holds
+  )
   graphdef, abstract = nnx.split(nnx.eval_shape(lambda: CausalLM(model_cfg, rngs=nnx.Rngs(0))))
   device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
   item = {"policy": jax.tree.map(lambda x: x.update(sharding=device), abstract)}

@@ -17,6 +17,7 @@ from jax.sharding import PartitionSpec as P
 from jaxrl_llm import core
 
 B, T, V, G, D = 16, 6, 7, 2, 8
+UNEMBED = jax.random.normal(jax.random.key(1), (D, V))  # shared by every row
 
 
 def _batch():
@@ -25,6 +26,7 @@ def _batch():
   logp = -jnp.abs(jax.random.normal(ks[1], (B, T)))
   return {
     "logits": 2 * jax.random.normal(ks[2], (B, T, V)),
+    "hidden": jax.random.normal(ks[2], (B, T, D)),
     "tokens": jax.random.randint(ks[3], (B, T), 0, V),
     "logp": logp,
     "old_logp": logp + 0.3 * jax.random.normal(ks[4], (B, T)),
@@ -46,12 +48,14 @@ def _case_list():
     ),
     ("entropy", lambda b, ax: (core.entropy(b["logits"]), ()), "logits"),
     (
-      "chunked_token_logprobs",
+      "hidden_token_logprobs",
       lambda b, ax: (
-        core.chunked_token_logprobs(b["logits"], b["tokens"], chunk_size=4, with_entropy=True),
+        core.hidden_token_logprobs(
+          b["hidden"], UNEMBED, b["tokens"], chunk_size=4, with_entropy=True
+        ),
         (),
       ),
-      "logits",
+      "hidden",
     ),
     (
       "gae",

@@ -4,8 +4,9 @@
 
 Prints median wall times after compilation, and for the loss the memory XLA allocates for
 it (`memory_analysis()` of the compiled program: temporaries, and with the inputs and
-outputs, the logits' gradient among them): unchunked from float32 logits, chunked from
-float32 logits, and chunked from bfloat16 logits. With torch installed (the `bench`
+outputs, the logits' gradient among them). Log-probs that never form `[B, T, V]` start
+from the hidden states; `bench_memory` measures them inside the real trainer steps. With
+torch installed (the `bench`
 extra), it also times, on the same inputs in the same run, the reverse Python loop that
 verl uses for GAE and an eager torch version of the loss (float32, as the unchunked jax
 line), and prints the ratios. Asserts nothing about time; appends to results/bench_core.jsonl.
@@ -48,12 +49,9 @@ def loss_inputs(seed=0):
   return logits, tokens, old_logp, ref_logp, adv, mask
 
 
-def jax_loss(logits, tokens, old_logp, ref_logp, adv, mask, chunked=False):
+def jax_loss(logits, tokens, old_logp, ref_logp, adv, mask):
   """The per-token objective of one PPO/GRPO minibatch: ppo_clip + k3 KL, token-mean."""
-  if chunked:
-    logp = core.chunked_token_logprobs(logits, tokens, chunk_size=1024)
-  else:
-    logp = core.token_logprobs(logits, tokens)
+  logp = core.token_logprobs(logits, tokens)
   pg_BxT, _ = core.ppo_clip(logp, old_logp, adv, mask, clip_low=0.2, clip_high=0.28)
   per_token = pg_BxT + KL_COEF * core.kl_penalty(logp, ref_logp, "k3")
   return core.aggregate(per_token, mask, "token-mean")
@@ -129,29 +127,22 @@ def main(argv=None):
   shape = f"B={LOSS_B} T={LOSS_T} V={LOSS_V}"
   fp32_logits_mb = LOSS_B * LOSS_T * LOSS_V * 4 / 1e6
   print(f"one float32 [B, T, V] array: {fp32_logits_mb:.0f} MB")
-  # (label, key, chunked, logits dtype)
-  variants = (
-    ("log-probs, fp32 logits", "loss_grad_jax", False, jnp.float32),
-    ("chunked, fp32 logits", "loss_grad_jax_chunked", True, jnp.float32),
-    ("chunked, bf16 logits", "loss_grad_jax_chunked_bf16", True, jnp.bfloat16),
+  fn = jax.jit(jax.value_and_grad(jax_loss))
+  memory = fn.lower(*j_inputs).compile().memory_analysis()
+  temp_mb = memory.temp_size_in_bytes / 1e6
+  total_mb = (
+    memory.argument_size_in_bytes
+    + memory.output_size_in_bytes
+    + memory.temp_size_in_bytes
+    - memory.alias_size_in_bytes
+  ) / 1e6
+  t = time_fn(fn, *j_inputs, repeats=args.repeats)
+  results |= {"loss_grad_jax_ms": 1e3 * t, "loss_grad_jax_temp_mb": temp_mb}
+  results["loss_grad_jax_total_mb"] = total_mb
+  print(
+    f"loss+grad {shape} (jax, fp32 logits): {1e3 * t:9.1f} ms, {temp_mb:5.0f} MB of "
+    f"temporaries, {total_mb:5.0f} MB with inputs and outputs"
   )
-  for label, key, chunked, dtype in variants:
-    fn = jax.jit(jax.value_and_grad(functools.partial(jax_loss, chunked=chunked)))
-    args_ = (j_inputs[0].astype(dtype), *j_inputs[1:])
-    memory = fn.lower(*args_).compile().memory_analysis()
-    temp_mb = memory.temp_size_in_bytes / 1e6
-    total_mb = (
-      memory.argument_size_in_bytes
-      + memory.output_size_in_bytes
-      + memory.temp_size_in_bytes
-      - memory.alias_size_in_bytes
-    ) / 1e6
-    t = time_fn(fn, *args_, repeats=args.repeats)
-    results |= {f"{key}_ms": 1e3 * t, f"{key}_temp_mb": temp_mb, f"{key}_total_mb": total_mb}
-    print(
-      f"loss+grad {shape} ({label:22s}): {1e3 * t:9.1f} ms, {temp_mb:5.0f} MB of temporaries, "
-      f"{total_mb:5.0f} MB with inputs and outputs"
-    )
   if have_torch:
     t_inputs = tuple(map(torch.from_numpy, inputs))
     t_torch = time_fn(torch_loss_and_grad, *t_inputs, repeats=args.repeats)
@@ -160,7 +151,7 @@ def main(argv=None):
     speedup = 1e3 * t_torch / results["loss_grad_jax_ms"]
     results.update(loss_grad_torch_ms=1e3 * t_torch, loss_grad_speedup=speedup)
     print(
-      f"loss+grad {shape} (eager torch      ): {1e3 * t_torch:9.1f} ms   -> jax is "
+      f"loss+grad {shape} (eager torch       ): {1e3 * t_torch:9.1f} ms   -> jax is "
       f"{speedup:.2f}x faster"
     )
   print(f"wrote {write_results('bench_core', results)}")

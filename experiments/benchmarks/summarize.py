@@ -36,7 +36,6 @@ FIGURES = {
     "gae_speedup",
     "loss_grad_jax_ms",
     "loss_grad_speedup",
-    "loss_grad_jax_chunked_bf16_total_mb",
     "loss_grad_jax_total_mb",
   ),
 }

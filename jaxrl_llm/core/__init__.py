@@ -37,7 +37,7 @@ from jaxrl_llm.core.kl import (
   kl_controller,
   kl_penalty,
 )
-from jaxrl_llm.core.logprobs import chunked_token_logprobs, entropy, token_logprobs
+from jaxrl_llm.core.logprobs import entropy, hidden_token_logprobs, token_logprobs
 from jaxrl_llm.core.policy_loss import POLICY_LOSSES, cispo, gspo, ppo_clip, reinforce
 from jaxrl_llm.core.registry import lookup, register
 from jaxrl_llm.core.stats import (
@@ -64,7 +64,7 @@ __all__ = [
   "adaptive_kl_controller",
   "aggregate",
   "aggregate_denominator",
-  "chunked_token_logprobs",
+  "hidden_token_logprobs",
   "cispo",
   "clipped_value_loss",
   "dr_grpo_advantages",

@@ -5,6 +5,8 @@ All results are float32, even from bfloat16 logits: the log-ratio
 large numbers, and bf16's 8 mantissa bits would swamp it.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -57,40 +59,123 @@ def entropy(logits_BxTxV, temperature=1.0):
   return -jnp.sum(jnp.exp(logp) * logp, axis=-1)
 
 
-def chunked_token_logprobs(
-  logits_BxTxV, tokens_BxT, temperature=1.0, *, chunk_size=128, with_entropy=False
+def hidden_token_logprobs(
+  hidden_BxTxD, unembedding_DxV, tokens_BxT, temperature=1.0, *, chunk_size=64, with_entropy=False
 ):
-  """`token_logprobs` (and optionally `entropy`) computed `chunk_size` positions at a time.
+  """`token_logprobs` (and optionally `entropy`) of `logits = hidden @ unembedding`, without
+  ever making the `[B, T, V]` logits.
 
-  Gives the same values and gradients as the unchunked functions, and never makes a
-  float32 `[B, T, V]` array of bfloat16 logits: each scan step upcasts only a
-  `[chunk_size, V]` slice of the flattened `[B*T, V]` logits, and the step is
-  rematerialised (`jax.checkpoint`) so the backward pass does not stack the per-chunk
-  float32 softmax either. It does not lower peak memory, though: the logits themselves
-  are `[B, T, V]`, and the backward stacks their gradient and a padded copy of them in
-  the logits' dtype (`experiments/benchmarks/bench_core.py` measures it). Log-probs
-  that never see `[B, T, V]` at all have to start from the hidden states.
+  The sequence is cut into chunks of `chunk_size` positions; a scan runs over them, and
+  each step forms only the `[B, chunk_size, V]` float32 logits of its chunk:
+
+    z = h_c W / temperature,  log p = z - logsumexp(z),  log pi(y) = log p[y],
+    H = -sum_v p(v) log p(v).
+
+  The backward pass (a `jax.custom_vjp`) is chunked the same way. It keeps `lse` and `H`
+  from the forward pass and recomputes each chunk's logits once, then uses
+
+    d log pi(y) / dz = onehot(y) - p,    dH / dz = -p (z - E_p[z]) = -p (log p + H),
+
+  so its peak is also one chunk's `[B, chunk_size, V]`. The weight's gradient is summed
+  over chunks in float32 whatever the compute dtype, as one full matmul would. Chunks run
+  along the sequence, so rows sharded over devices stay where they are.
+
+  Args:
+    hidden_BxTxD: final hidden states at the positions that predict `tokens_BxT`.
+    unembedding_DxV: the output projection (the transposed embedding when tied).
+    tokens_BxT: integer token ids.
+    temperature: a Python float > 0 (see `token_logprobs`).
+    chunk_size: positions per chunk; `T` is padded up to a multiple of it.
+    with_entropy: also return the entropy at each position.
 
   Returns:
-    `logp_BxT`, or `(logp_BxT, entropy_BxT)` when `with_entropy`.
+    float32 `logp_BxT`, or `(logp_BxT, entropy_BxT)` when `with_entropy`.
   """
-  _check_shapes(logits_BxTxV, tokens_BxT)
+  if hidden_BxTxD.shape[:-1] != tokens_BxT.shape or hidden_BxTxD.ndim != 3:
+    raise ValueError(
+      f"hidden {hidden_BxTxD.shape} must be tokens {tokens_BxT.shape} plus a hidden axis."
+    )
+  if unembedding_DxV.shape[0] != hidden_BxTxD.shape[-1]:
+    raise ValueError(
+      f"unembedding {unembedding_DxV.shape} must be [D, V] with D = {hidden_BxTxD.shape[-1]}."
+    )
+  if chunk_size <= 0:
+    raise ValueError(f"chunk_size must be positive, got {chunk_size}.")
   _check_temperature(temperature)
-  batch_shape, vocab = tokens_BxT.shape, logits_BxTxV.shape[-1]
-  n = tokens_BxT.size
-  num_chunks = -(-n // chunk_size)
-  pad = num_chunks * chunk_size - n
-  logits_CxKxV = jnp.pad(logits_BxTxV.reshape(n, vocab), ((0, pad), (0, 0))).reshape(
-    num_chunks, chunk_size, vocab
+  T = tokens_BxT.shape[1]
+  chunk = min(chunk_size, T)
+  pad = -T % chunk
+  hidden = jnp.pad(hidden_BxTxD, ((0, 0), (0, pad), (0, 0)))
+  tokens = jnp.pad(tokens_BxT, ((0, 0), (0, pad)))
+  logp, ent = _chunked_logprobs(hidden, unembedding_DxV, tokens, float(temperature), chunk)
+  logp, ent = logp[:, :T], ent[:, :T]
+  return (logp, ent) if with_entropy else logp
+
+
+def _chunk_logits(hidden_BxCxD, w_DxV, temperature):
+  z = jnp.einsum("bcd,dv->bcv", hidden_BxCxD, w_DxV, preferred_element_type=jnp.float32)
+  return z / temperature
+
+
+def _chunks(x_BxTx, chunk):
+  """`[B, T, ...]` to `[T / chunk, B, chunk, ...]`, the scan's leading axis."""
+  B, T = x_BxTx.shape[:2]
+  return jnp.moveaxis(x_BxTx.reshape(B, T // chunk, chunk, *x_BxTx.shape[2:]), 1, 0)
+
+
+def _unchunk(x_CxBxKx):
+  x = jnp.moveaxis(x_CxBxKx, 0, 1)
+  return x.reshape(x.shape[0], -1, *x.shape[3:])
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _chunked_logprobs(hidden_BxTxD, w_DxV, tokens_BxT, temperature, chunk):
+  return _chunked_forward(hidden_BxTxD, w_DxV, tokens_BxT, temperature, chunk)[:2]
+
+
+def _chunked_forward(hidden_BxTxD, w_DxV, tokens_BxT, temperature, chunk):
+  def step(_, xs):
+    h_BxCxD, y_BxC = xs
+    z = _chunk_logits(h_BxCxD, w_DxV, temperature)
+    lse = jax.nn.logsumexp(z, axis=-1)
+    logp = jnp.take_along_axis(z, y_BxC[..., None], axis=-1)[..., 0] - lse
+    logp_BxCxV = z - lse[..., None]
+    ent = -jnp.sum(jnp.exp(logp_BxCxV) * logp_BxCxV, axis=-1)
+    return None, (logp, ent, lse)
+
+  xs = (_chunks(hidden_BxTxD, chunk), _chunks(tokens_BxT, chunk))
+  _, out = jax.lax.scan(step, None, xs)
+  return tuple(_unchunk(x) for x in out)
+
+
+def _chunked_fwd(hidden_BxTxD, w_DxV, tokens_BxT, temperature, chunk):
+  logp, ent, lse = _chunked_forward(hidden_BxTxD, w_DxV, tokens_BxT, temperature, chunk)
+  return (logp, ent), (hidden_BxTxD, w_DxV, tokens_BxT, lse, ent)
+
+
+def _chunked_bwd(temperature, chunk, res, cotangents):
+  hidden_BxTxD, w_DxV, tokens_BxT, lse_BxT, ent_BxT = res
+  g_logp_BxT, g_ent_BxT = cotangents
+  dt = hidden_BxTxD.dtype
+
+  def step(dw_DxV, xs):
+    h_BxCxD, y_BxC, lse_BxC, ent_BxC, g_logp, g_ent = xs
+    z = _chunk_logits(h_BxCxD, w_DxV, temperature)
+    logp_BxCxV = z - lse_BxC[..., None]
+    p = jnp.exp(logp_BxCxV)
+    onehot = jax.nn.one_hot(y_BxC, z.shape[-1], dtype=jnp.float32)
+    # z - E_p[z] = log p + H
+    dz = g_logp[..., None] * (onehot - p) - g_ent[..., None] * p * (logp_BxCxV + ent_BxC[..., None])
+    dz = (dz / temperature).astype(dt)
+    dh = jnp.einsum("bcv,dv->bcd", dz, w_DxV, preferred_element_type=jnp.float32).astype(dt)
+    dw = dw_DxV + jnp.einsum("bcd,bcv->dv", h_BxCxD, dz, preferred_element_type=jnp.float32)
+    return dw, dh
+
+  xs = tuple(
+    _chunks(x, chunk) for x in (hidden_BxTxD, tokens_BxT, lse_BxT, ent_BxT, g_logp_BxT, g_ent_BxT)
   )
-  tokens_CxK = jnp.pad(tokens_BxT.reshape(n), (0, pad)).reshape(num_chunks, chunk_size)
+  dw, dh = jax.lax.scan(step, jnp.zeros(w_DxV.shape, jnp.float32), xs)
+  return _unchunk(dh), dw.astype(w_DxV.dtype), None
 
-  @jax.checkpoint
-  def chunk(xs):
-    z_KxV, tokens_K = xs
-    logp_K = token_logprobs(z_KxV, tokens_K, temperature)
-    return (logp_K, entropy(z_KxV, temperature)) if with_entropy else logp_K
 
-  out = jax.lax.map(chunk, (logits_CxKxV, tokens_CxK))
-  unchunk = lambda x_CxK: x_CxK.reshape(-1)[:n].reshape(batch_shape)
-  return jax.tree.map(unchunk, out)
+_chunked_logprobs.defvjp(_chunked_fwd, _chunked_bwd)

@@ -3,9 +3,20 @@
 import dataclasses
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 
 ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2"}
+
+# What a decoder block's backward pass keeps (None: everything, no recomputation). The
+# names after "full" are `jax.checkpoint_policies` members.
+REMAT_POLICIES = {
+  "none": None,
+  "full": jax.checkpoint_policies.nothing_saveable,
+  "dots_saveable": jax.checkpoint_policies.dots_saveable,
+  "dots_with_no_batch_dims_saveable": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+  "everything_saveable": jax.checkpoint_policies.everything_saveable,
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,6 +35,15 @@ class ModelConfig:
 
   `param_dtype` is what parameters are stored in; `dtype` is what activations
   and matmuls run in. Logits are always float32.
+
+  Two settings change how the model runs, not what it computes. `remat` picks what the
+  backward pass recomputes: "none" keeps every block's activations, "full" recomputes each
+  decoder block, and a name from `REMAT_POLICIES` keeps only what that
+  `jax.checkpoint_policies` policy saves. `scan_layers` stores the blocks' parameters
+  stacked on a leading "layers" axis and runs them as one `lax.scan`, so compile time does
+  not grow with depth. `attention_chunk` > 0 computes attention that many queries at a
+  time (each chunk recomputed in the backward pass), so attention memory is linear in the
+  sequence length; 0 computes all queries' scores at once.
   """
 
   vocab_size: int
@@ -45,6 +65,9 @@ class ModelConfig:
   eos_token_id: int | list[int] | None = None
   param_dtype: Any = jnp.float32
   dtype: Any = jnp.float32
+  remat: str = "none"
+  scan_layers: bool = False
+  attention_chunk: int = 0
 
   def __post_init__(self):
     if self.head_dim is None:
@@ -67,6 +90,12 @@ class ModelConfig:
       )
     if self.head_dim % 2:
       raise ValueError(f"ModelConfig.head_dim={self.head_dim} must be even for RoPE.")
+    if self.attention_chunk < 0:
+      raise ValueError(f"ModelConfig.attention_chunk must be >= 0, got {self.attention_chunk}.")
+    if self.remat not in REMAT_POLICIES:
+      raise ValueError(
+        f"ModelConfig.remat={self.remat!r} is unknown; use one of {sorted(REMAT_POLICIES)}."
+      )
     if self.architecture not in ARCHITECTURES.values():
       raise ValueError(f"ModelConfig.architecture must be one of {sorted(ARCHITECTURES.values())}.")
 
@@ -95,8 +124,17 @@ def _rope(hf: dict) -> tuple[float, RopeScaling | None]:
   )
 
 
-def from_hf_config(hf: dict, *, param_dtype=jnp.float32, dtype=None) -> ModelConfig:
-  """Builds a ModelConfig from a parsed Hugging Face `config.json`."""
+def from_hf_config(
+  hf: dict,
+  *,
+  param_dtype=jnp.float32,
+  dtype=None,
+  remat="none",
+  scan_layers=False,
+  attention_chunk=0,
+) -> ModelConfig:
+  """Builds a ModelConfig from a parsed Hugging Face `config.json` (`remat`, `scan_layers`
+  and `attention_chunk`: see `ModelConfig`)."""
   archs = hf.get("architectures") or []
   arch = next((ARCHITECTURES[a] for a in archs if a in ARCHITECTURES), None)
   if arch is None:
@@ -134,6 +172,9 @@ def from_hf_config(hf: dict, *, param_dtype=jnp.float32, dtype=None) -> ModelCon
     eos_token_id=hf.get("eos_token_id"),
     param_dtype=param_dtype,
     dtype=param_dtype if dtype is None else dtype,
+    remat=remat,
+    scan_layers=scan_layers,
+    attention_chunk=attention_chunk,
   )
 
 

@@ -181,6 +181,9 @@ def load_model(
   dtype=jnp.float32,
   param_dtype=None,
   sharding: Callable[[tuple[str, ...]], jax.sharding.Sharding] | None = None,
+  remat: str = "none",
+  scan_layers: bool = False,
+  attention_chunk: int = 0,
 ) -> CausalLM:
   """Loads a local Hugging Face Llama or Qwen2 directory as a `CausalLM`.
 
@@ -191,6 +194,8 @@ def load_model(
     param_dtype: the dtype parameters are stored in (default: `dtype`).
     sharding: maps a parameter's logical axes (e.g. `("vocab", "embed")`) and shape to
       the `jax.sharding.Sharding` it is placed with; default: the default device.
+    remat, scan_layers, attention_chunk: see `ModelConfig`. With `scan_layers` each layer
+      tensor is read into its slot of the stacked parameter, placed once it is complete.
 
   Raises:
     CheckpointError: unsupported architecture, missing or unexpected tensor, or a
@@ -198,7 +203,14 @@ def load_model(
   """
   path = Path(path)
   try:
-    cfg = from_hf_config(read_config(path), param_dtype=param_dtype or dtype, dtype=dtype)
+    cfg = from_hf_config(
+      read_config(path),
+      param_dtype=param_dtype or dtype,
+      dtype=dtype,
+      remat=remat,
+      scan_layers=scan_layers,
+      attention_chunk=attention_chunk,
+    )
   except (KeyError, ValueError) as e:
     reason = str(e).removeprefix("config.json: ")
     raise CheckpointError(f"{path / 'config.json'}: {reason}") from None
@@ -227,6 +239,10 @@ def load_model(
   graphdef, state = nnx.split(abstract)
   params = nnx.to_pure_dict(state)
   np_dtype = np.dtype(cfg.param_dtype)
+  place = lambda at, value: jax.device_put(
+    value, None if sharding is None else sharding(_get(state, at).logical_axes, value.shape)
+  )
+  stacks: dict[tuple, np.ndarray] = {}  # scanned layers: stacked path -> [L, ...] buffer
   for file, names in _by_file(files, specs):
     with safetensors.safe_open(file, framework="numpy") as f:
       for name in names:
@@ -240,11 +256,16 @@ def load_model(
             f"config.json implies {list(spec.hf_shape)}."
           )
         value = spec.to_ours(f.get_tensor(name)).astype(np_dtype, copy=False)
-        target = (
-          None if sharding is None else sharding(_get(state, spec.path).logical_axes, spec.shape)
-        )
-        _set(params, spec.path, jax.device_put(value, target))
+        at, layer = _stacked_at(cfg, spec.path)
+        if layer is None:
+          _set(params, at, place(at, value))
+        else:
+          if at not in stacks:
+            stacks[at] = np.empty((cfg.num_layers, *spec.shape), np_dtype)
+          stacks[at][layer] = value
         del value
+  for at, value in stacks.items():
+    _set(params, at, place(at, value))
   nnx.replace_by_pure_dict(state, params)
   return nnx.merge(graphdef, state)
 
@@ -253,6 +274,20 @@ def _get(tree: dict, path: tuple):
   for key in path:
     tree = tree[key]
   return tree
+
+
+def _stacked_at(cfg: ModelConfig, path: tuple) -> tuple[tuple, int | None]:
+  """Where a tensor of `tensor_specs` lives in this layout: its own path and no layer, or,
+  with scanned layers, the stacked parameter's path and its layer index."""
+  if cfg.scan_layers and path[:2] == ("decoder", "layers"):
+    return ("decoder", "layers", *path[3:]), path[2]
+  return path, None
+
+
+def _tensor(cfg: ModelConfig, params: dict, path: tuple):
+  at, layer = _stacked_at(cfg, path)
+  value = _get(params, at)
+  return value if layer is None else value[layer]
 
 
 def save_model(model: CausalLM, path, *, max_shard_bytes: int = 5 * 2**30) -> Path:
@@ -272,7 +307,7 @@ def save_model(model: CausalLM, path, *, max_shard_bytes: int = 5 * 2**30) -> Pa
   shards: list[dict[str, np.ndarray]] = [{}]
   size = 0
   for spec in tensor_specs(cfg):
-    tensor = spec.to_hf(np.asarray(jax.device_get(_get(params, spec.path))))
+    tensor = spec.to_hf(np.asarray(jax.device_get(_tensor(cfg, params, spec.path))))
     if shards[-1] and size + tensor.nbytes > max_shard_bytes:
       shards.append({})
       size = 0

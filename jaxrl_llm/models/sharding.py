@@ -1,6 +1,6 @@
 """Declared sharding: a mesh with axes (data, fsdp, tensor) and one table from logical axes to them.
 
-Every parameter names its axes (`logical_axes` metadata: vocab, embed, heads,
+Every parameter names its axes (`logical_axes` metadata: layers, vocab, embed, heads,
 kv_heads, head_dim, mlp); `ShardingRules` maps each name to a mesh axis (or
 None, replicated). Batches are split over `data` (and `fsdp`, which also holds
 a shard of every parameter).
@@ -23,6 +23,7 @@ class ShardingRules:
   """Logical axis -> mesh axis. The default is FSDP over `fsdp` plus Megatron-style tensor
   parallelism over `tensor` (heads and the MLP's hidden axis)."""
 
+  layers: str | None = None  # the stacked axis of scanned layers
   vocab: str | None = "tensor"
   embed: str | None = "fsdp"
   heads: str | None = "tensor"

@@ -17,6 +17,7 @@ Outside NNX the model is a pure function (see `apply`):
   logits, cache = apply(graphdef, params, tokens, positions=..., mask=...)
 """
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -24,9 +25,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxrl_llm.models.config import ModelConfig
+from jaxrl_llm.models.config import REMAT_POLICIES, ModelConfig
 
-LOGICAL_AXES = ("vocab", "embed", "heads", "kv_heads", "head_dim", "mlp")
+LOGICAL_AXES = ("layers", "vocab", "embed", "heads", "kv_heads", "head_dim", "mlp")
 _MASKED = -1e30  # finite, so a query row with no visible key gives no NaN
 
 
@@ -55,21 +56,30 @@ class LayerCache(NamedTuple):
 
 class KVCache(NamedTuple):
   """Keys and values of every layer for S slots, which slots hold real tokens, and
-  the next slot to write. A pytree of static shape."""
+  the next slot to write. A pytree of static shape.
 
-  layers: tuple[LayerCache, ...]
+  `layers` is a tuple of one `LayerCache` per layer, or, for a model with scanned layers,
+  one `LayerCache` whose arrays are stacked on a leading layer axis.
+  """
+
+  layers: tuple[LayerCache, ...] | LayerCache
   mask_BxS: jax.Array
   index: jax.Array
+
+  def map_rows(self, fn):
+    """The cache with `fn` (an op on a batch-major array) applied to every array's rows."""
+    per_layer = jax.vmap(fn) if isinstance(self.layers, LayerCache) else fn
+    return self._replace(layers=jax.tree.map(per_layer, self.layers), mask_BxS=fn(self.mask_BxS))
 
 
 def init_cache(cfg: ModelConfig, batch_size: int, max_len: int, dtype=None) -> KVCache:
   """An empty cache for `batch_size` rows and `max_len` slots (prompt + new tokens)."""
-  k_shape = (batch_size, cfg.num_kv_heads, cfg.head_dim, max_len)
-  v_shape = (batch_size, cfg.num_kv_heads, max_len, cfg.head_dim)
+  stack = (cfg.num_layers,) if cfg.scan_layers else ()
+  k_shape = (*stack, batch_size, cfg.num_kv_heads, cfg.head_dim, max_len)
+  v_shape = (*stack, batch_size, cfg.num_kv_heads, max_len, cfg.head_dim)
   dtype = cfg.dtype if dtype is None else dtype
-  layers = tuple(
-    LayerCache(jnp.zeros(k_shape, dtype), jnp.zeros(v_shape, dtype)) for _ in range(cfg.num_layers)
-  )
+  make = lambda: LayerCache(jnp.zeros(k_shape, dtype), jnp.zeros(v_shape, dtype))
+  layers = make() if cfg.scan_layers else tuple(make() for _ in range(cfg.num_layers))
   return KVCache(layers, jnp.zeros((batch_size, max_len), bool), jnp.zeros((), jnp.int32))
 
 
@@ -125,6 +135,19 @@ def visibility(q_slot_L, key_valid_BxS):
   return (jnp.arange(S)[None, None, :] <= q_slot_L[None, :, None]) & key_valid_BxS[:, None, :]
 
 
+class Visibility(NamedTuple):
+  """What the queries of one pass see, kept factored: each query's slot and which key slots
+  hold real tokens. The `[B, L, S]` mask is formed only for the queries being attended (a
+  chunk of them, with `ModelConfig.attention_chunk`), never for the whole sequence at once."""
+
+  q_slot_L: jax.Array
+  key_valid_BxS: jax.Array
+
+  def mask(self, q_slot_C=None):
+    """`[B, C, S]`: whether each of the queries at `q_slot_C` (default: all) sees each slot."""
+    return visibility(self.q_slot_L if q_slot_C is None else q_slot_C, self.key_valid_BxS)
+
+
 class RMSNorm(nnx.Module):
   """y = w * x / sqrt(mean(x^2) + eps), with the statistics in float32."""
 
@@ -162,7 +185,7 @@ class Attention(nnx.Module):
       y = y + getattr(self, bias_name)[...].astype(dt)
     return y
 
-  def __call__(self, x_BxLxD, rope: Rope, visible_BxLxS, cache=None, index=None):
+  def __call__(self, x_BxLxD, rope: Rope, visible: Visibility, cache=None, index=None):
     cfg, dt = self.cfg, self.cfg.dtype
     B, L, _ = x_BxLxD.shape
     q_BxLxNxH = apply_rope(self._project(x_BxLxD, self.q_DxNxH, "q_bias_NxH"), rope)
@@ -183,12 +206,20 @@ class Attention(nnx.Module):
       scores_eq = "bkglh,bkhs->bkgls"
     K, G, H = cfg.num_kv_heads, cfg.num_heads // cfg.num_kv_heads, cfg.head_dim
     q_BxKxGxLxH = q_BxLxNxH.reshape(B, L, K, G, H).transpose(0, 2, 3, 1, 4)
-    scores = jnp.einsum(scores_eq, q_BxKxGxLxH, keys, preferred_element_type=jnp.float32) * H**-0.5
-    scores = jnp.where(visible_BxLxS[:, None, None], scores, _MASKED)
-    probs = jax.nn.softmax(scores, axis=-1).astype(dt)
-    out_BxKxGxLxH = jnp.einsum(
-      "bkgls,bksh->bkglh", probs, v_BxKxSxH, preferred_element_type=jnp.float32
-    ).astype(dt)
+
+    def attend(q_BxKxGxCxH, q_slot_C):
+      scores = jnp.einsum(scores_eq, q_BxKxGxCxH, keys, preferred_element_type=jnp.float32)
+      visible_BxCxS = visible.mask(q_slot_C)
+      scores = jnp.where(visible_BxCxS[:, None, None], scores * H**-0.5, _MASKED)
+      probs = jax.nn.softmax(scores, axis=-1).astype(dt)
+      out = jnp.einsum("bkgls,bksh->bkglh", probs, v_BxKxSxH, preferred_element_type=jnp.float32)
+      return out.astype(dt)
+
+    chunk = cfg.attention_chunk
+    if chunk and L > chunk:
+      out_BxKxGxLxH = _in_query_chunks(attend, q_BxKxGxLxH, visible.q_slot_L, chunk)
+    else:
+      out_BxKxGxLxH = attend(q_BxKxGxLxH, visible.q_slot_L)
     out_BxLxNH = out_BxKxGxLxH.transpose(0, 3, 1, 2, 4).reshape(B, L, cfg.num_heads * H)
     # As a 2-D matmul with the weight's own [N*H, D] view: the 3-D contraction made XLA's CPU
     # backend transpose the weight on every call.
@@ -196,6 +227,23 @@ class Attention(nnx.Module):
     if cfg.o_bias:
       y = y + self.o_bias_D[...].astype(dt)
     return y, new_cache
+
+
+def _in_query_chunks(attend, q_BxKxGxLxH, q_slot_L, chunk):
+  """`attend(q, q_slot)` over `chunk` queries at a time, each chunk rematerialised: the scores
+  of one chunk, `[B, K, G, chunk, S]`, and its mask are the largest arrays in the forward and
+  the backward pass, so attention memory grows linearly in the sequence, not quadratically.
+  Padded query rows (slot -1) see no key and are dropped."""
+  L = q_BxKxGxLxH.shape[3]
+  pad = -L % chunk
+  q = jnp.pad(q_BxKxGxLxH, ((0, 0),) * 3 + ((0, pad), (0, 0)))
+  q_slot = jnp.pad(q_slot_L, (0, pad), constant_values=-1)
+  B, K, G, Lp, H = q.shape
+  q_CxBxKxGxcxH = jnp.moveaxis(q.reshape(B, K, G, Lp // chunk, chunk, H), 3, 0)
+  out = jax.lax.map(
+    jax.checkpoint(lambda xs: attend(*xs)), (q_CxBxKxGxcxH, q_slot.reshape(-1, chunk))
+  )
+  return jnp.moveaxis(out, 0, 3).reshape(B, K, G, Lp, H)[:, :, :, :L]
 
 
 class MLP(nnx.Module):
@@ -225,10 +273,26 @@ class Block(nnx.Module):
     self.mlp_norm = RMSNorm(cfg.hidden_size, cfg)
     self.mlp = MLP(cfg, rngs=rngs)
 
-  def __call__(self, x_BxLxD, rope: Rope, visible_BxLxS, cache=None, index=None):
-    attn_out, new_cache = self.attn(self.attn_norm(x_BxLxD), rope, visible_BxLxS, cache, index)
+  def __call__(self, x_BxLxD, rope: Rope, visible: Visibility, cache=None, index=None):
+    attn_out, new_cache = self.attn(self.attn_norm(x_BxLxD), rope, visible, cache, index)
     h = x_BxLxD + attn_out
     return h + self.mlp(self.mlp_norm(h)), new_cache
+
+
+def _stacked_blocks(cfg: ModelConfig, rngs: nnx.Rngs) -> Block:
+  """`cfg.num_layers` blocks as one `Block` whose parameters are stacked on a leading axis,
+  named "layers" in their logical axes."""
+
+  @nnx.split_rngs(splits=cfg.num_layers)
+  @nnx.vmap(in_axes=(0,), out_axes=0)
+  def make(rngs):
+    return Block(cfg, rngs=rngs)
+
+  blocks = make(rngs)
+  for _, variable in nnx.iter_graph(blocks):
+    if isinstance(variable, nnx.Param):
+      variable.set_metadata("logical_axes", ("layers", *variable.logical_axes))
+  return blocks
 
 
 def positions_from_mask(mask_BxL):
@@ -244,7 +308,10 @@ class Decoder(nnx.Module):
     self.embed_VxD = _param(
       rngs, (cfg.vocab_size, cfg.hidden_size), cfg.param_dtype, ("vocab", "embed")
     )
-    self.layers = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
+    if cfg.scan_layers:
+      self.layers = _stacked_blocks(cfg, rngs)
+    else:
+      self.layers = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
     self.norm = RMSNorm(cfg.hidden_size, cfg)
 
   def __call__(self, tokens_BxL, positions_BxL=None, mask_BxL=None, cache: KVCache | None = None):
@@ -268,18 +335,39 @@ class Decoder(nnx.Module):
     x = self.embed_VxD[...].astype(self.cfg.dtype)[tokens_BxL]
     L = tokens_BxL.shape[1]
     if cache is None:
-      visible_BxLxS = visibility(jnp.arange(L), mask_BxL)
-      for block in self.layers:
-        x, _ = block(x, rope, visible_BxLxS)
+      x, _ = self._blocks(x, rope, Visibility(jnp.arange(L), mask_BxL))
       return self.norm(x), None
     key_valid_BxS = jax.lax.dynamic_update_slice(cache.mask_BxS, mask_BxL, (0, cache.index))
-    visible_BxLxS = visibility(cache.index + jnp.arange(L), key_valid_BxS)
-    new_layers = []
-    for block, layer_cache in zip(self.layers, cache.layers, strict=True):
-      x, layer_cache = block(x, rope, visible_BxLxS, layer_cache, cache.index)
-      new_layers.append(layer_cache)
-    new_cache = KVCache(tuple(new_layers), key_valid_BxS, cache.index + tokens_BxL.shape[1])
+    visible = Visibility(cache.index + jnp.arange(L), key_valid_BxS)
+    x, layers = self._blocks(x, rope, visible, cache.layers, cache.index)
+    new_cache = KVCache(layers, key_valid_BxS, cache.index + tokens_BxL.shape[1])
     return self.norm(x), new_cache
+
+  def _blocks(self, x_BxLxD, rope: Rope, visible: Visibility, layer_caches=None, index=None):
+    """Runs every block: unrolled, or as one scan over the stacked layers. A backward pass
+    through them rematerialises each block as `cfg.remat` says (a pass that is not
+    differentiated, such as decoding, is unaffected)."""
+    policy = REMAT_POLICIES[self.cfg.remat]
+
+    def block_fn(graphdef, x, params, layer_cache):
+      return nnx.merge(graphdef, params)(x, rope, visible, layer_cache, index)
+
+    if self.cfg.scan_layers:
+      graphdef, params = nnx.split(self.layers)
+      body = lambda x, xs: block_fn(graphdef, x, *xs)
+      if policy is not None:
+        body = jax.checkpoint(body, policy=policy, prevent_cse=False)
+      return jax.lax.scan(body, x_BxLxD, (params, layer_caches))
+    caches = [None] * len(self.layers) if layer_caches is None else layer_caches
+    new_caches = []
+    for block, layer_cache in zip(self.layers, caches, strict=True):
+      graphdef, params = nnx.split(block)
+      fn = functools.partial(block_fn, graphdef)
+      if policy is not None:
+        fn = jax.checkpoint(fn, policy=policy)
+      x_BxLxD, layer_cache = fn(x_BxLxD, params, layer_cache)
+      new_caches.append(layer_cache)
+    return x_BxLxD, tuple(new_caches)
 
 
 def completion_hidden(
@@ -319,7 +407,7 @@ def completion_hidden(
     first(prompt_BxP), first(positions_BxL[:, :P]), first(seq_mask_BxL[:, :P]), cache
   )
   repeat = lambda x: jnp.repeat(x, G, axis=0)
-  cache = cache._replace(layers=jax.tree.map(repeat, cache.layers), mask_BxS=repeat(cache.mask_BxS))
+  cache = cache.map_rows(repeat)
   hidden_BxNxD, _ = decoder(tokens_BxN, positions_BxL[:, P:], mask_BxN, cache)
   completion = hidden_BxNxD if with_last else hidden_BxNxD[:, :-1]
   return jnp.concatenate([repeat(prompt_hidden[:, -1:]), completion], axis=1)

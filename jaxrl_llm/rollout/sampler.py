@@ -183,7 +183,7 @@ def _generate(
   cache = init_cache(model.cfg, B // num_samples, P + N, cache_dtype)
   positions_BxP = positions_from_mask(prompt_mask_BxP)
   hidden, cache = model.decoder(constrain(prompt_BxP), positions_BxP, prompt_mask_BxP, cache)
-  cache = cache._replace(layers=jax.tree.map(repeat, cache.layers), mask_BxS=repeat(cache.mask_BxS))
+  cache = cache.map_rows(repeat)
   unembedding_DxV = model.unembedding_DxV()
   carry = DecodeCarry(
     step=jnp.zeros((), jnp.int32),

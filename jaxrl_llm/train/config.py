@@ -15,6 +15,7 @@ from typing import Any
 import ml_collections
 
 from jaxrl_llm import core
+from jaxrl_llm.models.config import REMAT_POLICIES
 
 TOKEN_ESTIMATORS = ("gae", "reinforce_plus_plus")  # per-token advantages; the rest are groups
 
@@ -36,8 +37,15 @@ class ModelSection:
   num_kv_heads: int = 2
   head_dim: int | None = None
   tie_word_embeddings: bool = True
-  dtype: str = "float32"
+  dtype: str = "float32"  # compute dtype; "bfloat16" keeps float32 master weights
   param_dtype: str = "float32"
+  # Memory (see the README's "Memory" section). Log-probs and entropies come from the final
+  # hidden states in chunks of about this many tokens (micro-batch rows x positions), so no
+  # pass holds [B, T, V] logits; 0 forms the full logits instead.
+  logprob_chunk_tokens: int = 2048
+  remat: str = "none"  # none | full | a jax.checkpoint_policies name (models.REMAT_POLICIES)
+  scan_layers: bool = False  # decoder blocks stacked and run as one lax.scan
+  attention_chunk: int = 256  # queries per attention chunk (memory linear in length); 0: all
 
 
 @dataclasses.dataclass(frozen=True)
@@ -466,6 +474,19 @@ def validate(cfg: TrainConfig, num_devices: int | None = None) -> None:
     cfg.task.name != "gsm8k" or bool(cfg.task.path),
     "config.task.name='gsm8k' needs config.task.path: a local GSM8K-format .jsonl or .parquet "
     "file (records with 'question' and an 'answer' ending in '#### <number>').",
+  )
+  _check(
+    cfg.model.logprob_chunk_tokens >= 0,
+    f"config.model.logprob_chunk_tokens={cfg.model.logprob_chunk_tokens} must be >= 0 "
+    "(0: full logits).",
+  )
+  _check(
+    cfg.model.attention_chunk >= 0,
+    f"config.model.attention_chunk={cfg.model.attention_chunk} must be >= 0 (0: no chunks).",
+  )
+  _check(
+    cfg.model.remat in REMAT_POLICIES,
+    f"config.model.remat={cfg.model.remat!r} is unknown; use one of {sorted(REMAT_POLICIES)}.",
   )
   _check(
     cfg.model.dtype in ("float32", "bfloat16") and cfg.model.param_dtype in ("float32", "bfloat16"),

@@ -41,6 +41,9 @@ def model_config(cfg: TrainConfig, vocab_size: int, eos_id: int) -> ModelConfig:
     max_position_embeddings=4096,
     param_dtype=jnp.dtype(m.param_dtype),
     dtype=jnp.dtype(m.dtype),
+    remat=m.remat,
+    scan_layers=m.scan_layers,
+    attention_chunk=m.attention_chunk,
   )
 
 
@@ -68,6 +71,9 @@ class Learner:
           dtype=jnp.dtype(cfg.model.dtype),
           param_dtype=jnp.dtype(cfg.model.param_dtype),
           sharding=place,
+          remat=cfg.model.remat,
+          scan_layers=cfg.model.scan_layers,
+          attention_chunk=cfg.model.attention_chunk,
         )
       except CheckpointError as e:
         raise ConfigError(f"config.model.path={cfg.model.path!r}: {e}") from None
@@ -91,7 +97,7 @@ class Learner:
       state_lib.make_optimizer(cfg, cfg.algo.critic_lr),
     )
     self.state = None
-    statics = dict(policy_def=self.policy_def, critic_def=self.critic_def, cfg=cfg)
+    statics = dict(policy_def=self.policy_def, critic_def=self.critic_def, cfg=cfg, mesh=mesh)
     self._experience = jax.jit(functools.partial(step_lib.make_experience, **statics))
     self._update = jax.jit(
       functools.partial(step_lib.update, optimizers=self.optimizers, **statics), donate_argnums=0

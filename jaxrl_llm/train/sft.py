@@ -11,15 +11,18 @@ from jaxrl_llm import core
 from jaxrl_llm.train.step import Batch, sequence_forward
 
 
-def sft_loss(params, batch: Batch, *, policy_def):
-  """Mean negative log-likelihood of the answer tokens (the EOS included)."""
-  logp_BxN = sequence_forward(policy_def, params, batch, 1.0)
+def sft_loss(params, batch: Batch, *, policy_def, chunk=0):
+  """Mean negative log-likelihood of the answer tokens (the EOS included); `chunk`: see
+  `sequence_forward`."""
+  logp_BxN = sequence_forward(policy_def, params, batch, 1.0, chunk=chunk)
   return -core.masked_mean(logp_BxN, batch.mask_BxN)
 
 
-@functools.partial(jax.jit, static_argnames=("policy_def", "optimizer"), donate_argnums=(0, 1))
-def sft_step(params, opt_state, batch: Batch, *, policy_def, optimizer):
-  loss, grads = jax.value_and_grad(sft_loss)(params, batch, policy_def=policy_def)
+@functools.partial(
+  jax.jit, static_argnames=("policy_def", "optimizer", "chunk"), donate_argnums=(0, 1)
+)
+def sft_step(params, opt_state, batch: Batch, *, policy_def, optimizer, chunk=0):
+  loss, grads = jax.value_and_grad(sft_loss)(params, batch, policy_def=policy_def, chunk=chunk)
   updates, opt_state = optimizer.update(grads, opt_state, params)
   return optax.apply_updates(params, updates), opt_state, loss
 
@@ -44,6 +47,7 @@ def warm_start(learner, batches, *, steps: int, learning_rate: float, progress=N
       learner.shard_batch(next(batches)),
       policy_def=learner.policy_def,
       optimizer=optimizer,
+      chunk=learner.cfg.model.logprob_chunk_tokens,
     )
     if pending is not None:
       _record(losses, pending, progress)

@@ -13,9 +13,12 @@ import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from jaxrl_llm import core
 from jaxrl_llm.models import completion_hidden
+from jaxrl_llm.models.sharding import BATCH_AXES
 from jaxrl_llm.train.config import TrainConfig
 from jaxrl_llm.train.state import (
   TrainState,
@@ -72,15 +75,30 @@ def _hidden(model, batch: Batch, group_size: int, with_last: bool = False):
   )
 
 
-def sequence_forward(graphdef, params, batch: Batch, temperature, with_entropy=False, group=1):
+def sequence_forward(
+  graphdef, params, batch: Batch, temperature, with_entropy=False, group=1, chunk=0
+):
   """Teacher-forced log-probs (and entropies) of the completion tokens, float32 `[B, N]`.
 
   The only function that scores completions: the old log-probs and the
   differentiated ones both come from here, so the first update's ratio is 1.
   `group` > 1: rows come in groups of that size sharing a prompt, which runs once.
+  `chunk` > 0: straight from the final hidden states, about `chunk` tokens (rows x
+  positions) at a time (`core.hidden_token_logprobs`), so no pass holds `[B, N, V]`
+  logits; 0: full logits.
   """
   model = nnx.merge(graphdef, params)
-  logits_BxNxV = model.unembed(_hidden(model, batch, group))
+  hidden_BxNxD = _hidden(model, batch, group)
+  if chunk:
+    return core.hidden_token_logprobs(
+      hidden_BxNxD,
+      model.unembedding_DxV(),
+      batch.tokens_BxN,
+      temperature,
+      chunk_size=max(1, chunk // batch.tokens_BxN.shape[0]),
+      with_entropy=with_entropy,
+    )
+  logits_BxNxV = model.unembed(hidden_BxNxD)
   logp_BxN = core.token_logprobs(logits_BxNxV, batch.tokens_BxN, temperature)
   if not with_entropy:
     return logp_BxN
@@ -99,9 +117,20 @@ def _group(cfg: TrainConfig) -> int:
   return cfg.rollout.group_size if cfg.share_prompts else 1
 
 
-def _in_micro_batches(fn, batch: Batch, rows: int):
+def spread_rows(tree, mesh):
+  """Micro-batched arrays `[U, R, ...]` constrained to split each micro-batch's R rows over the
+  mesh's batch axes. Without it the partitioner may keep the sharding of the flat `[B, ...]`
+  batch on the micro-batch axis U, so every device would run whole micro-batches (all of
+  the activations, none of the split). No-op without a mesh."""
+  if mesh is None:
+    return tree
+  sharding = NamedSharding(mesh, P(None, BATCH_AXES))
+  return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, sharding), tree)
+
+
+def _in_micro_batches(fn, batch: Batch, rows: int, mesh=None):
   """fn over `batch` split into consecutive micro-batches of `rows` (the update's shapes)."""
-  split = jax.tree.map(lambda x: x.reshape(-1, rows, *x.shape[1:]), batch)
+  split = spread_rows(jax.tree.map(lambda x: x.reshape(-1, rows, *x.shape[1:]), batch), mesh)
   out = jax.lax.map(fn, split)
   return out.reshape(-1, *out.shape[2:])
 
@@ -117,16 +146,22 @@ def loss_mask(batch: Batch, cfg: TrainConfig):
 
 
 def make_experience(
-  state: TrainState, batch: Batch, *, policy_def, critic_def, cfg: TrainConfig
+  state: TrainState, batch: Batch, *, policy_def, critic_def, cfg: TrainConfig, mesh=None
 ) -> tuple[Experience, dict]:
-  """Old and reference log-probs, values, token rewards and advantages."""
+  """Old and reference log-probs, values, token rewards and advantages. `mesh`: the mesh
+  the batch is sharded over (see `spread_rows`)."""
   a, rows, group = cfg.algo, cfg.micro_batch_rows, _group(cfg)
   temperature = cfg.rollout.temperature
   mask_BxN = loss_mask(batch, cfg)
 
   def logp(params):
     return _in_micro_batches(
-      lambda b: sequence_forward(policy_def, params, b, temperature, group=group), batch, rows
+      lambda b: sequence_forward(
+        policy_def, params, b, temperature, group=group, chunk=cfg.model.logprob_chunk_tokens
+      ),
+      batch,
+      rows,
+      mesh,
     )
 
   zeros = jnp.zeros(mask_BxN.shape, jnp.float32)
@@ -135,7 +170,10 @@ def make_experience(
   values, bootstrap_B = zeros, zeros[:, 0]
   if state.critic is not None:
     values_BxN1 = _in_micro_batches(
-      lambda b: sequence_values(critic_def, state.critic, b, group, with_last=True), batch, rows
+      lambda b: sequence_values(critic_def, state.critic, b, group, with_last=True),
+      batch,
+      rows,
+      mesh,
     )
     values = values_BxN1[:, :-1]
     if cfg.truncation == "bootstrap" and batch.truncated_B is not None:
@@ -176,7 +214,13 @@ def policy_objective(
   """The scalar the policy minimises on one micro-batch (its share of the minibatch loss)."""
   a, mask = cfg.algo, exp.loss_mask_BxN
   logp, ent = sequence_forward(
-    policy_def, params, exp.batch, cfg.rollout.temperature, with_entropy=True, group=_group(cfg)
+    policy_def,
+    params,
+    exp.batch,
+    cfg.rollout.temperature,
+    with_entropy=True,
+    group=_group(cfg),
+    chunk=cfg.model.logprob_chunk_tokens,
   )
   old_logp = jax.lax.stop_gradient(logp) if cfg.single_update else exp.old_logp_BxN
   agg = functools.partial(
@@ -292,10 +336,17 @@ def _apply(optimizer, schedule, grads, opt_state, params, enabled):
 
 
 def update(
-  state: TrainState, exp: Experience, *, policy_def, critic_def, cfg: TrainConfig, optimizers
+  state: TrainState,
+  exp: Experience,
+  *,
+  policy_def,
+  critic_def,
+  cfg: TrainConfig,
+  optimizers,
+  mesh=None,
 ) -> tuple[TrainState, dict]:
   """`ppo_epochs x num_minibatches` optimizer steps on shuffled minibatches; returns the new
-  state and per-minibatch metrics stacked on a leading axis."""
+  state and per-minibatch metrics stacked on a leading axis. `mesh`: see `spread_rows`."""
   a = cfg.algo
   B = cfg.batch_size
   key = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
@@ -313,7 +364,7 @@ def update(
 
   def minibatch(carry, rows_UxR):
     policy, policy_opt, critic, critic_opt = carry
-    micro = jax.tree.map(lambda x: x[rows_UxR], exp)
+    micro = spread_rows(jax.tree.map(lambda x: x[rows_UxR], exp), mesh)
     mask_RxN = micro.loss_mask_BxN.reshape(-1, micro.loss_mask_BxN.shape[-1])
     denominator = core.aggregate_denominator(mask_RxN, a.aggregation)
     loss, grads, metrics = _accumulate(

@@ -67,8 +67,7 @@ def _field(reader, key, path, default=None):
     if default is not None:
       return default
     raise GGUFError(f"{path} has no {key!r} metadata; it is not a llama GGUF this reads.")
-  value = field.contents()
-  return value
+  return field.contents()
 
 
 def unpermute_rotary(w_OxI: np.ndarray, num_heads: int) -> np.ndarray:

@@ -143,9 +143,9 @@ class Visibility(NamedTuple):
   q_slot_L: jax.Array
   key_valid_BxS: jax.Array
 
-  def mask(self, q_slot_C=None):
-    """`[B, C, S]`: whether each of the queries at `q_slot_C` (default: all) sees each slot."""
-    return visibility(self.q_slot_L if q_slot_C is None else q_slot_C, self.key_valid_BxS)
+  def mask(self, q_slot_C):
+    """`[B, C, S]`: whether each of the queries at slots `q_slot_C` sees each key slot."""
+    return visibility(q_slot_C, self.key_valid_BxS)
 
 
 class RMSNorm(nnx.Module):

@@ -172,3 +172,38 @@ def test_chat_template_prompts_and_buckets(tmp_path):
   assert (
     task.tokenizer.decode(batch.tokens_BxP[0][batch.mask_BxP[0]], skip_special_tokens=False) == text
   )
+
+
+def test_instruction_and_system_prompt_render_into_the_chat_turns(tmp_path):
+  from jaxrl_llm.train.task import Task
+
+  overrides = {
+    "model.path": "tests/fixtures/qwen2_untied",
+    "task.template": "chat",
+    "task.prompt_length": 64,
+    "task.instruction": "What is {question}? ({prompt} {question}) End with 'Answer: N'.",
+    "task.system_prompt": "Be brief.",
+  }
+  task = Task(small_config(tmp_path, **overrides))
+  # The question is substituted once: braces inside it are left as they are.
+  text = task.render({"prompt": "12+34=", "question": "12 + {prompt}"})
+  assert text == (
+    "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nWhat is 12 + {prompt}? "
+    "(12+34= 12 + {prompt}) End with 'Answer: N'.<|im_end|>\n<|im_start|>assistant\n"
+  )
+  assert ArithmeticTask().example(12, "+", 34)["question"] == "12 + 34"
+
+
+@pytest.mark.parametrize(
+  "overrides,key",
+  [
+    ({"task.instruction": "What is it?"}, "task.instruction"),
+    ({"task.system_prompt": "Be brief."}, "task.system_prompt"),
+    ({"task.strict_answer": True, "task.answer_marker": ""}, "task.answer_marker"),
+  ],
+)
+def test_task_text_settings_errors_name_the_key(tmp_path, overrides, key):
+  from jaxrl_llm.train.config import ConfigError
+
+  with pytest.raises(ConfigError, match=f"config.{key}"):
+    small_config(tmp_path, **overrides)

@@ -7,6 +7,7 @@ import pytest
 
 from jaxrl_llm.rewards import (
   RewardError,
+  answer_match,
   countdown_reward,
   evaluate_expression,
   exact_match,
@@ -18,6 +19,7 @@ from jaxrl_llm.rewards import (
   parse_number,
   score,
 )
+from jaxrl_llm.rewards.math import question_numbers
 
 
 @pytest.mark.parametrize(
@@ -53,6 +55,41 @@ def test_huge_completion_is_fast_and_safe():
   assert parse_number("x" * 1_000_000) is None
   assert last_boxed("\\boxed{" + "{" * 1_000_000) is None
   assert time.perf_counter() - start < 5  # linear-time parsing, not a timing benchmark
+
+
+@pytest.mark.parametrize(
+  "text,expected",
+  [
+    ("42 + 23 is 65. Answer: 65", "65"),
+    ("answer: -7, I think. Then 12.", "-7"),  # the marker wins over later numbers
+    ("Answer: 3\nAnswer: 4 (corrected)", "4"),  # its last occurrence
+    ("Answer: sixty-five", None),  # committed to no number
+    ("The answer: \\boxed{9}", "9"),  # the first number after the marker
+    ("The number 64+48 is indeed 112, which is the sum of 64 and 48.", "112"),
+    ("14 + 98 = 14 * 9 = 149.", "149"),
+    ("92 + 15 = 20\n\nThe answer is 20.", "20"),
+    ("16 + 0 = 16", "16"),  # every number is the question's: the last one
+    ("It is 2.5. That is all.", "2.5"),  # the last sentence with a number
+  ],
+)
+def test_chat_answers(text, expected):
+  question = {"64+48": 0, "14 + 98": 0, "92 + 15": 0, "16 + 0": 0}
+  ignore = question_numbers(" ".join(question))
+  assert extract_answer(text, ignore=ignore) == expected
+
+
+def test_strict_answers_need_a_marker_hashes_or_a_box():
+  assert extract_answer("so 5 + 7 = 12", strict=True) is None
+  assert extract_answer("so 5 + 7 = 12. Answer: 12", strict=True) == "12"
+  assert extract_answer("\\boxed{12}", strict=True) == "12"
+  reward = answer_match(marker="Result:", strict=True)
+  assert reward(["Result: 12", "Answer: 12", "12"], [{"answer": "12"}] * 3) == [1.0, 0.0, 0.0]
+
+
+def test_exact_match_skips_the_question_numbers():
+  examples = [{"prompt": "64+48=", "question": "64 + 48", "answer": "112"}]
+  assert exact_match(["64 + 48 is 112, the sum of 64 and 48."], examples) == [1.0]
+  assert exact_match(["64 + 48 is 102, the sum of 64 and 48."], examples) == [0.0]
 
 
 def test_exact_match_against_gsm8k_and_bare_answers():

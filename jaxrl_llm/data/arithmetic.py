@@ -1,7 +1,7 @@
 """Synthetic arithmetic problems, deterministic from a seed, with disjoint train and test splits.
 
 A problem is `"<a><op><b>="` and its answer the decimal result, e.g. `"47+15="` ->
-`"62"`. Each (a, op, b) belongs to one split by a stable hash, so no test problem
+`"62"`; its `question` (`"47 + 15"`) is the form an instruction for a chat model takes. Each (a, op, b) belongs to one split by a stable hash, so no test problem
 is ever seen in training, whatever the seeds.
 """
 
@@ -44,7 +44,7 @@ class ArithmeticTask:
     return "test" if bucket < self.test_fraction * 10_000 else "train"
 
   def example(self, a: int, op: str, b: int) -> dict:
-    return {"prompt": f"{a}{op}{b}=", "answer": str(OPS[op](a, b))}
+    return {"prompt": f"{a}{op}{b}=", "question": f"{a} {op} {b}", "answer": str(OPS[op](a, b))}
 
   def examples(self, split: str, n: int, seed: int) -> list[dict]:
     """`n` distinct problems of `split` ("train" or "test"), the same for the same seed."""

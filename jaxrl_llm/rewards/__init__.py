@@ -5,22 +5,28 @@ from jaxrl_llm.rewards.countdown import countdown_reward, evaluate_expression
 from jaxrl_llm.rewards.learned import reward_model_fn
 from jaxrl_llm.rewards.length import missing_eos_penalty, overlong_penalty
 from jaxrl_llm.rewards.math import (
+  MARKER,
+  answer_match,
   canonical_number,
   exact_match,
   extract_answer,
+  final_statement,
   format_reward,
   last_boxed,
   parse_number,
 )
 
 __all__ = [
+  "MARKER",
   "RewardError",
+  "answer_match",
   "RewardFn",
   "canonical_number",
   "countdown_reward",
   "evaluate_expression",
   "exact_match",
   "extract_answer",
+  "final_statement",
   "format_reward",
   "last_boxed",
   "missing_eos_penalty",

@@ -51,37 +51,87 @@ def last_boxed(text: str) -> str | None:
   return None  # unbalanced
 
 
-def extract_answer(text: str) -> str | None:
+MARKER = "Answer:"  # the marker prompts ask for by default: "... end with 'Answer: <number>'"
+_STATEMENTS = re.compile(r"(?<=[.!?])\s+|\n")  # sentence ends and line breaks
+
+
+def _after_marker(text: str, marker: str) -> str | None:
+  """The first number on the line after the last `marker` (case-insensitive)."""
+  at = text.lower().rfind(marker.lower())
+  if at < 0:
+    return None
+  line = text[at + len(marker) :].split("\n", 1)[0][:200]
+  found = _NUMBER.search(line)
+  return canonical_number(found.group(0)) if found else ""
+
+
+def final_statement(text: str, ignore=()) -> str | None:
+  """The answer a chat reply states last: in its last sentence (or line) that holds a number,
+  the last number that is not in `ignore`, or its last number when all are.
+
+  `ignore` holds the question's own numbers, canonical: `'64+48 is indeed 112, which is the
+  sum of 64 and 48.'` states 112, not 48.
+  """
+  for statement in reversed(_STATEMENTS.split(text[-MAX_CHARS:])):
+    numbers = [canonical_number(n) for n in _NUMBER.findall(statement)]
+    if numbers:
+      fresh = [n for n in numbers if n not in ignore]
+      return (fresh or numbers)[-1]
+  return None
+
+
+def question_numbers(text: str) -> frozenset:
+  """Every number in `text` (a question), canonical."""
+  return frozenset(canonical_number(n) for n in _NUMBER.findall(text[-MAX_CHARS:]))
+
+
+def extract_answer(text: str, marker: str = MARKER, ignore=(), strict: bool = False):
   """The final answer of a completion, canonical, by the first rule that applies:
 
   1. after the last `####` (GSM8K): the rest of that line, if it is one number;
-  2. the last `\\boxed{...}`, if it holds one number;
-  3. the last number anywhere.
+  2. after the last `marker` (case-insensitive; "" turns the rule off): the first number on
+     the rest of that line;
+  3. the last `\\boxed{...}`, if it holds one number;
+  4. unless `strict`, the final statement (`final_statement`, which skips `ignore`).
 
-  A `####` or `\\boxed{}` whose content is not a plain number gives None: the
-  model committed to an answer that is not a number.
+  A `####`, marker or `\\boxed{}` without a plain number after it gives None: the model
+  committed to an answer that is not a number. `strict` gives None to a completion without
+  any of the three, as the strict GSM8K reward of verl does.
   """
   text = text[-MAX_CHARS:]
   at = text.rfind(_HASHES)
   if at >= 0:
     return _plain_number(text[at + len(_HASHES) :].split("\n", 1)[0])
+  marked = _after_marker(text, marker) if marker else None
+  if marked is not None:
+    return marked or None
   boxed = last_boxed(text)
   if boxed is not None:
     return _plain_number(boxed)
-  return parse_number(text)
+  return None if strict else final_statement(text, ignore)
 
 
-def exact_match(completions, examples):
-  """1.0 where the completion's final answer equals the example's `answer`, else 0.0.
+def answer_match(marker: str = MARKER, strict: bool = False):
+  """A reward function: 1.0 where the completion's final answer (`extract_answer`) equals the
+  example's `answer`, else 0.0.
 
-  The reference answer goes through the same extraction, so a GSM8K solution
-  ending in `#### 72` and a bare `72` both work as `answer`.
+  The reference answer goes through the same extraction, so a GSM8K solution ending in
+  `#### 72` and a bare `72` both work as `answer`. The numbers of the example's `prompt` are
+  the question's own, skipped by the final-statement rule.
   """
-  out = []
-  for text, example in zip(completions, examples, strict=True):
-    guess = extract_answer(text)
-    out.append(float(guess is not None and guess == extract_answer(str(example["answer"]))))
-  return out
+
+  def exact_match(completions, examples):
+    out = []
+    for text, example in zip(completions, examples, strict=True):
+      ignore = question_numbers(str(example.get("question", example.get("prompt", ""))))
+      guess = extract_answer(text, marker, ignore, strict)
+      out.append(float(guess is not None and guess == extract_answer(str(example["answer"]))))
+    return out
+
+  return exact_match
+
+
+exact_match = answer_match()
 
 
 def format_reward(pattern: str = r"####\s*-?[0-9][0-9,]*(?:\.[0-9]+)?\s*$"):

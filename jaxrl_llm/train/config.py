@@ -66,6 +66,12 @@ class TaskSection:
   prompt_length: int = 8  # the longest prompt, in tokens
   prompt_buckets: tuple = ()  # shorter padded lengths to use when a batch fits (few shapes)
   template: str = "plain"  # "plain": the prompt text; "chat": a user turn in the chat template
+  # The user's words: "{question}" (an example's question, else its prompt) and "{prompt}"
+  # are replaced; "" sends the prompt as is. E.g. "What is {question}? End with 'Answer: N'."
+  instruction: str = ""
+  system_prompt: str = ""  # chat: a system turn first ("" keeps the template's own default)
+  answer_marker: str = "Answer:"  # the reward reads the number after it (rewards.math)
+  strict_answer: bool = False  # True: no marker, #### or \boxed{} answer scores 0
   # Drop prompts longer than prompt_length (counted in the logs) instead of stopping the run.
   filter_overlong_prompts: bool = False
 
@@ -465,6 +471,20 @@ def validate(cfg: TrainConfig, num_devices: int | None = None) -> None:
   _check(
     cfg.task.template in ("plain", "chat"),
     f"config.task.template={cfg.task.template!r}; use 'plain' or 'chat'.",
+  )
+  _check(
+    not cfg.task.instruction or any(f in cfg.task.instruction for f in ("{question}", "{prompt}")),
+    f"config.task.instruction={cfg.task.instruction!r} names no example field; put "
+    "{question} (or {prompt}) where the problem goes.",
+  )
+  _check(
+    not cfg.task.system_prompt or cfg.task.template == "chat",
+    "config.task.system_prompt is a chat turn; set config.task.template='chat' too.",
+  )
+  _check(
+    not cfg.task.strict_answer or bool(cfg.task.answer_marker),
+    "config.task.strict_answer=True scores only marked answers; set config.task.answer_marker "
+    "(the marker the instruction asks for, e.g. 'Answer:').",
   )
   _check(
     all(0 < b <= cfg.task.prompt_length for b in cfg.task.prompt_buckets),

@@ -1,5 +1,6 @@
 """A configured task: where prompts come from, how they are tokenized, and how answers score."""
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -10,8 +11,8 @@ from jaxrl_llm.data.gsm8k import GSM8KFile
 from jaxrl_llm.data.tfds_builders import TfdsSource, gsm8k_local_builder, synthetic_builder
 from jaxrl_llm.models import CharTokenizer, load_tokenizer
 from jaxrl_llm.rewards import (
+  answer_match,
   countdown_reward,
-  exact_match,
   format_reward,
   missing_eos_penalty,
   overlong_penalty,
@@ -70,6 +71,7 @@ def checkpoint_tokenizer(path):
 def configured_spec(cfg: TrainConfig):
   """The example source `task.name` names, and its correctness reward."""
   t = cfg.task
+  exact_match = answer_match(t.answer_marker, t.strict_answer)
   if t.name == "arithmetic":
     spec = ArithmeticTask(digits=t.digits, ops=t.ops, test_fraction=t.test_fraction)
     return spec, {"exact_match": (exact_match, 1.0)}
@@ -118,6 +120,7 @@ class Task:
       t.prompt_buckets,
       t.template,
     )
+    self.instruction, self.system_prompt = t.instruction, t.system_prompt
     self.filter_overlong = t.filter_overlong_prompts
 
   def draw(self, split: str, n: int, seed: int, key: str) -> list[dict]:
@@ -163,10 +166,16 @@ class Task:
     return list(fn(completions, examples))
 
   def render(self, example) -> str:
-    """The prompt text the model sees: as is, or as a user turn of the chat template."""
-    if self.template == "chat":
-      return self.tokenizer.apply_chat_template([{"role": "user", "content": example["prompt"]}])
-    return example["prompt"]
+    """The prompt text the model sees: the prompt, or `task.instruction` filled in with the
+    example; as is, or as a user turn of the chat template (after `task.system_prompt`)."""
+    text = example["prompt"]
+    if self.instruction:
+      fields = {"prompt": text, "question": str(example.get("question", text))}
+      text = re.sub(r"\{(question|prompt)\}", lambda m: fields[m.group(1)], self.instruction)
+    if self.template != "chat":
+      return text
+    system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+    return self.tokenizer.apply_chat_template([*system, {"role": "user", "content": text}])
 
   def prompts(self, examples):
     ids = [self.tokenizer.encode(self.render(e)) for e in examples]

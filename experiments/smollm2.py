@@ -80,7 +80,11 @@ def main(argv):
   curve = RESULTS / f"{_NAME.value}_curve.jsonl"
   curve.write_text("".join(json.dumps(r) + "\n" for r in rows))
   before, after = summary["heldout_accuracy_before"], summary["heldout_accuracy_after"]
-  plot(rows, RESULTS / f"{_NAME.value}.png", f"SmolLM2-135M-Instruct, GRPO: {before:.3f} -> {after:.3f}")
+  plot(
+    rows,
+    RESULTS / f"{_NAME.value}.png",
+    f"SmolLM2-135M-Instruct, GRPO: {before:.3f} -> {after:.3f}",
+  )
   overrides = [a for a in sys.argv[1:] if a.startswith("--config.")]
   row = {
     "command": " ".join(["python -m experiments.smollm2", *sys.argv[1:]]),

@@ -50,6 +50,8 @@ def get_config() -> ml_collections.ConfigDict:
     micro_batches=2,
   )
   c.optim.update(learning_rate=1e-5, warmup_steps=5, grad_clip=1.0)
-  c.run.update(steps=40, seed=0, workdir="runs/smollm2_arithmetic", eval_examples=256, eval_every=10)
-  c.checkpoint.update(every=0)
+  c.run.update(
+    steps=40, seed=0, workdir="runs/smollm2_arithmetic", eval_examples=256, eval_every=10
+  )
+  c.checkpoint.update(every=c.run.steps)  # step 0 and the end: for jaxrl_llm.export
   return c

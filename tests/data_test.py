@@ -207,3 +207,41 @@ def test_task_text_settings_errors_name_the_key(tmp_path, overrides, key):
 
   with pytest.raises(ConfigError, match=f"config.{key}"):
     small_config(tmp_path, **overrides)
+
+
+def test_pretrained_settings_that_spoil_a_run_get_advice(tmp_path):
+  from jaxrl_llm.train.config import advice
+
+  toy = {"optim.learning_rate": 5e-4, "warmstart.steps": 300, "warmstart.learning_rate": 3e-3}
+  notes = advice(small_config(tmp_path, **{"model.path": "tests/fixtures/qwen2_untied"} | toy))
+  assert len(notes) == 2
+  assert "config.optim.learning_rate=0.0005" in notes[0] and "1e-6..1e-5" in notes[0]
+  assert "config.warmstart.steps=0" in notes[1]
+  assert advice(small_config(tmp_path, **toy)) == []  # a random-init model: no advice
+
+
+def test_a_chat_prompt_longer_than_prompt_length_names_the_key(tmp_path):
+  from jaxrl_llm.train.config import ConfigError
+  from jaxrl_llm.train.task import Task
+
+  cfg = small_config(
+    tmp_path,
+    **{
+      "model.path": "tests/fixtures/qwen2_untied",
+      "task.template": "chat",
+      "task.prompt_length": 6,
+    },
+  )
+  task = Task(cfg)
+  with pytest.raises(ConfigError, match=r"config.task.prompt_length=6 tokens; the longest has \d+"):
+    task.fit_prompts(ArithmeticTask().examples("train", 4, 0), "task.train_examples")
+
+
+def test_math_verify_without_the_package_names_the_key_and_the_install(tmp_path, monkeypatch):
+  from jaxrl_llm.rewards import equivalence
+  from jaxrl_llm.train.config import ConfigError
+  from jaxrl_llm.train.task import Task
+
+  monkeypatch.setattr(equivalence, "available", lambda: False)
+  with pytest.raises(ConfigError, match=r"config.task.reward='math_verify'.*jaxrl_llm\[math\]"):
+    Task(small_config(tmp_path, **{"task.reward": "math_verify"}))

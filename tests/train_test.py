@@ -228,10 +228,20 @@ def test_short_run_raises_reward(tmp_path, estimator):
 
 def test_metrics_row_has_the_documented_keys(tmp_path):
   cfg = small_config(
-    tmp_path, **{"algo.estimator": "gae", "algo.kl_coef": 0.05, "algo.kl_placement": "reward"}
+    tmp_path,
+    **{
+      "algo.estimator": "gae",
+      "algo.kl_coef": 0.05,
+      "algo.kl_placement": "reward",
+      "run.eval_every": 1,
+    },
   )
   summary = train(cfg, devices=jax.devices()[:1])
-  row = json.loads(open(summary["metrics"]).readline())
+  rows = [json.loads(line) for line in open(summary["metrics"])]
+  row = rows[0]
+  # The last step's periodic evaluation is the run's final one (the same policy and examples).
+  assert rows[-1]["heldout_accuracy"] == summary["heldout_accuracy_after"]
+  assert all("heldout_accuracy" in r for r in rows)
   for key in (
     "reward_mean",
     "reward_std",
@@ -256,6 +266,7 @@ def test_metrics_row_has_the_documented_keys(tmp_path):
     "value_loss",
     "vf_clipfrac",
     "skipped_updates",
+    "heldout_accuracy",
   ):
     assert key in row, key
   assert 0 < row["mfu"] < 1

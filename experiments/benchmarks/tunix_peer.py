@@ -347,6 +347,25 @@ def arithmetic_tokenizer(model_dir: Path, vocab_size: int) -> CharTokenizer:
   return tok
 
 
+class CheckpointTokenizerAdapter(CharTokenizerAdapter):
+  """A checkpoint's own tokenizer (`jaxrl_llm.models.load_tokenizer`) in the interface tunix
+  takes. The prompts come rendered with the chat template, so nothing is prepended; padding
+  uses `pad_id`, an id no prompt holds (tunix finds padding by comparing with it)."""
+
+  def __init__(self, tok, pad_id: int):
+    super().__init__(tok)
+    self._pad = pad_id
+
+  def decode(self, ids, **_) -> str:
+    return self.tok.decode([int(i) for i in ids])
+
+  def bos_id(self):
+    return None
+
+  def pad_id(self) -> int:
+    return self._pad
+
+
 class RewardLog:
   """The exact-match reward (`jaxrl_llm.rewards.exact_match`, as in our benchmark and its TRL
   peer), recording the mean reward of every call."""
@@ -389,10 +408,11 @@ class IterationClock:
     return [b - a for a, b in zip(self.stamps, self.stamps[1:], strict=False)]
 
 
-def grpo_batches(iterations: int) -> list[dict]:
-  """`iterations` batches of 16 distinct problems from our own task generator."""
-  examples = ArithmeticTask(digits=3).examples("train", 2048, seed=0)
-  need = iterations * GRPO_PROMPTS
+def grpo_batches(iterations: int, prompts_per_step: int, examples=None) -> list[dict]:
+  """`iterations` batches of distinct problems: `examples` ({"prompt", "answer"} rows) or the
+  3-digit arithmetic task of our own generator."""
+  examples = examples or ArithmeticTask(digits=3).examples("train", 2048, seed=0)
+  need = iterations * prompts_per_step
   if need > len(examples):
     raise SystemExit(f"{iterations} iterations need {need} prompts; at most {len(examples)}.")
   return [
@@ -400,7 +420,7 @@ def grpo_batches(iterations: int) -> list[dict]:
       "prompts": np.array([e["prompt"] for e in chunk]),
       "answer": np.array([e["answer"] for e in chunk]),
     }
-    for chunk in (examples[i : i + GRPO_PROMPTS] for i in range(0, need, GRPO_PROMPTS))
+    for chunk in (examples[i : i + prompts_per_step] for i in range(0, need, prompts_per_step))
   ]
 
 
@@ -413,11 +433,27 @@ def params_of(model) -> dict:
 def run_grpo(args) -> dict:
   model_dir = Path(args.model)
   hf = read_hf_config(model_dir)
-  tok = arithmetic_tokenizer(model_dir, hf["vocab_size"])
+  examples = None
+  if args.prompts_file:  # a real checkpoint: its own tokenizer, prompts rendered by the caller
+    from jaxrl_llm.models import load_tokenizer
+
+    tok = load_tokenizer(args.tokenizer or model_dir)
+    examples = json.loads(Path(args.prompts_file).read_text())
+    ids = [tok.encode(e["prompt"]) for e in examples]
+    flat = np.concatenate([np.asarray(i, np.int32) for i in ids])
+    adapter = CheckpointTokenizerAdapter(
+      tok, unused_id(flat[None], np.ones((1, flat.size), bool), hf["vocab_size"])
+    )
+    probe = [tok.encode(e["prompt"]) for e in examples[:2]]
+    probe = [p[-min(map(len, probe)) :] for p in probe]  # two rows of one length
+  else:
+    tok = arithmetic_tokenizer(model_dir, hf["vocab_size"])
+    adapter = CharTokenizerAdapter(tok)
+    probe = [tok.encode(e["prompt"]) for e in ArithmeticTask(digits=3).examples("train", 2, 0)]
+  P, G, N, prompts_per_step = args.prompt_width, args.group_size, args.max_new_tokens, args.prompts
   mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ("fsdp", "tp"))
   actor = load_tunix_model(model_dir, jnp.float32, mesh)
   reference = load_tunix_model(model_dir, jnp.float32, mesh)  # identical weights, own buffers
-  probe = [tok.encode(e["prompt"]) for e in ArithmeticTask(digits=3).examples("train", 2, 0)]
   parity = logit_parity(
     actor, model_dir, np.array(probe), np.ones((2, len(probe[0])), bool), "float32"
   )
@@ -425,13 +461,13 @@ def run_grpo(args) -> dict:
 
   optimizer = optax.chain(  # as our config and TRL's defaults: clip 1.0, AdamW, no decay
     optax.clip_by_global_norm(1.0),
-    optax.adamw(GRPO_LR, b1=0.9, b2=0.999, weight_decay=0.0),
+    optax.adamw(args.lr, b1=0.9, b2=0.999, weight_decay=0.0),
   )
-  iterations = GRPO_WARMUP + args.steps + 1  # +1: the last timed interval ends at its start
+  iterations = args.warmup + args.steps + 1  # +1: the last timed interval ends at its start
   rollout = base_rollout.RolloutConfig(
-    max_tokens_to_generate=GRPO_N,
-    max_prompt_length=GRPO_PROMPT_WIDTH,
-    kv_cache_size=GRPO_PROMPT_WIDTH + GRPO_N,
+    max_tokens_to_generate=N,
+    max_prompt_length=P,
+    kv_cache_size=P + N,
     temperature=1.0,
     top_p=1.0,
     top_k=None,
@@ -455,20 +491,21 @@ def run_grpo(args) -> dict:
   cluster = rl_cluster_lib.RLCluster(
     actor=actor,
     reference=reference,
-    tokenizer=CharTokenizerAdapter(tok),
+    tokenizer=adapter,
     cluster_config=cluster_config,
   )
   algo = grpo_learner.GRPOConfig(
-    num_generations=GRPO_G,
+    num_generations=G,
     num_iterations=1,
-    beta=GRPO_BETA,
+    beta=args.beta,
     kl_loss_mode=args.kl_loss_mode,
     loss_agg_mode="token-mean",
     epsilon=0.2,
   )
   reward = RewardLog()
   learner = grpo_learner.GRPOLearner(rl_cluster=cluster, algo_config=algo, reward_fns=[reward])
-  clock = IterationClock(grpo_batches(iterations), lambda: nnx.state(cluster.actor_trainer.model))
+  batches = grpo_batches(iterations, prompts_per_step, examples)
+  clock = IterationClock(batches, lambda: nnx.state(cluster.actor_trainer.model))
   start = time.perf_counter()
   learner.train(clock)
   total = time.perf_counter() - start
@@ -481,14 +518,14 @@ def run_grpo(args) -> dict:
   if steps_taken != iterations:
     raise SystemExit(f"tunix took {steps_taken} optimizer steps for {iterations} iterations.")
   intervals = clock.intervals()
-  timed = intervals[GRPO_WARMUP:]
+  timed = intervals[args.warmup :]
   if len(timed) != args.steps:
     raise SystemExit(f"timed {len(timed)} iterations, expected {args.steps}.")
   return {
     "peer": f"tunix {version('google-tunix')} GRPOLearner",
     "s_per_iteration": statistics.median(timed),
     "iterations": timed,
-    "warmup_iterations": intervals[:GRPO_WARMUP],
+    "warmup_iterations": intervals[: args.warmup],
     "mean_reward_per_iteration": reward.means,
     "optimizer_steps": steps_taken,
     "max_param_change": changed,
@@ -496,33 +533,38 @@ def run_grpo(args) -> dict:
     "settings": {
       "api": "tunix RLCluster + GRPOLearner.train, rollout_engine='vanilla'",
       "mesh": "1x1 (fsdp, tp) on one CPU device; actor, rollout, reference colocated",
-      "prompts_per_iteration": GRPO_PROMPTS,
-      "num_generations": GRPO_G,
-      "max_new_tokens": GRPO_N,
-      "max_prompt_length": GRPO_PROMPT_WIDTH,
-      "kv_cache_size": GRPO_PROMPT_WIDTH + GRPO_N,
+      "prompts_per_iteration": prompts_per_step,
+      "num_generations": G,
+      "max_new_tokens": N,
+      "max_prompt_length": P,
+      "kv_cache_size": P + N,
       "temperature": 1.0,
       "top_p": 1.0,
       "top_k": None,
-      "stop": "at <eos> (id 1); a batch's decode loop ends when every row has stopped",
-      "beta": GRPO_BETA,
+      "stop": f"at the tokenizer's EOS (id {tok.eos_id}); a batch's decode loop ends when "
+      "every row has stopped",
+      "beta": args.beta,
       "kl_loss_mode": args.kl_loss_mode,  # low_var_kl is k3, kl is k1
       "loss": "tunix 'grpo' policy loss (PPO clip, epsilon 0.2), loss_agg_mode token-mean",
       "advantage_estimator": "grpo",
       "num_iterations": 1,
       "old_log_probs": "none computed: num_iterations=1 uses the stopped current ones",
       "reference_log_probs": "one forward pass of the reference model per iteration",
-      "optimizer": "clip_by_global_norm(1.0) then adamw(1e-5, b1 0.9, b2 0.999, wd 0)",
-      "minibatching": "none (mini/micro batch = the full 128 rows)",
+      "optimizer": f"clip_by_global_norm(1.0) then adamw({args.lr}, b1 0.9, b2 0.999, wd 0)",
+      "minibatching": f"none (mini/micro batch = the full {prompts_per_step * G} rows)",
       "remat": "RematConfig.NONE",
       "offload_to_cpu": False,
       "checkpointing": "none",
       "metrics_logging": "in-memory only",
       "eval": "none",
       "reward": "jaxrl_llm.rewards.exact_match (last number of the completion == answer)",
-      "tokenizer": "jaxrl_llm CharTokenizer('0123456789=+-', with_bos=False) via an adapter",
+      "tokenizer": (
+        "the checkpoint's tokenizer.json (chat-rendered prompts)"
+        if examples
+        else "jaxrl_llm CharTokenizer('0123456789=+-', with_bos=False) via an adapter"
+      ),
       "dtype": "float32",
-      "warmup_iterations": GRPO_WARMUP,
+      "warmup_iterations": args.warmup,
       "timed": " ".join(IterationClock.__doc__.split("\n\n")[1].split()),
       "rollout_seed": "RolloutConfig.seed None: tunix samples every rollout from PRNGKey(0)",
       "logit_parity": parity,
@@ -543,7 +585,20 @@ def main(argv=None):
   s.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
   g = commands.add_parser("grpo", help="tunix GRPOLearner s/iteration")
   g.add_argument("--model", required=True, help="HF directory written by save_model")
-  g.add_argument("--steps", type=int, default=12, help="timed iterations, after 2 warm-up")
+  g.add_argument("--steps", type=int, default=12, help="timed iterations, after the warm-up")
+  g.add_argument("--warmup", type=int, default=GRPO_WARMUP, help="untimed first iterations")
+  g.add_argument("--prompts", type=int, default=GRPO_PROMPTS, help="prompts per iteration")
+  g.add_argument("--group-size", type=int, default=GRPO_G)
+  g.add_argument("--max-new-tokens", type=int, default=GRPO_N)
+  g.add_argument("--prompt-width", type=int, default=GRPO_PROMPT_WIDTH)
+  g.add_argument("--lr", type=float, default=GRPO_LR)
+  g.add_argument("--beta", type=float, default=GRPO_BETA)
+  g.add_argument(
+    "--prompts-file",
+    default=None,
+    help="JSON list of {prompt, answer} (prompts rendered); with the model's tokenizer",
+  )
+  g.add_argument("--tokenizer", default=None, help="tokenizer directory (default: --model)")
   g.add_argument(
     "--kl-loss-mode",
     default="low_var_kl",

@@ -1,8 +1,9 @@
 """Synthetic arithmetic problems, deterministic from a seed, with disjoint train and test splits.
 
 A problem is `"<a><op><b>="` and its answer the decimal result, e.g. `"47+15="` ->
-`"62"`; its `question` (`"47 + 15"`) is the form an instruction for a chat model takes. Each (a, op, b) belongs to one split by a stable hash, so no test problem
-is ever seen in training, whatever the seeds.
+`"62"`; its `question` (`"47 + 15"`) is the form an instruction for a chat model takes.
+Each (a, op, b) belongs to one split by a stable hash, so no test problem is ever seen
+in training, whatever the seeds.
 """
 
 import dataclasses

@@ -72,6 +72,9 @@ class TaskSection:
   system_prompt: str = ""  # chat: a system turn first ("" keeps the template's own default)
   answer_marker: str = "Answer:"  # the reward reads the number after it (rewards.math)
   strict_answer: bool = False  # True: no marker, #### or \boxed{} answer scores 0
+  # arithmetic and gsm8k: "exact_match" (rewards.math, the default) or "math_verify"
+  # (equivalence by math-verify in a sandboxed worker; pip install 'jaxrl_llm[math]')
+  reward: str = "exact_match"
   # Drop prompts longer than prompt_length (counted in the logs) instead of stopping the run.
   filter_overlong_prompts: bool = False
 
@@ -355,6 +358,27 @@ def _known(name, registry, key, extra=()):
   _check(name in names, f"config.{key}={name!r} is unknown; choose one of {', '.join(names)}.")
 
 
+PRETRAINED_MAX_LR = 1e-4  # above it, one update moves a pretrained policy far from itself
+
+
+def advice(cfg: TrainConfig) -> list[str]:
+  """Settings that run but usually spoil a run, each naming the key and the usual value."""
+  notes = []
+  if cfg.model.path and cfg.optim.learning_rate >= PRETRAINED_MAX_LR:
+    notes.append(
+      f"config.optim.learning_rate={cfg.optim.learning_rate:g} with a pretrained "
+      f"config.model.path: rates this high suit random-init models; pretrained policies "
+      "usually train at 1e-6..1e-5 (experiments/smollm2_arithmetic.py uses 1e-5)."
+    )
+  if cfg.model.path and cfg.warmstart.steps and cfg.warmstart.learning_rate >= PRETRAINED_MAX_LR:
+    notes.append(
+      f"config.warmstart.steps={cfg.warmstart.steps} at config.warmstart.learning_rate="
+      f"{cfg.warmstart.learning_rate:g} fine-tunes the pretrained config.model.path hard "
+      "before RL; set config.warmstart.steps=0 (or a rate of 1e-5 or less)."
+    )
+  return notes
+
+
 def validate(cfg: TrainConfig, num_devices: int | None = None) -> None:
   """Raises ConfigError for settings that cannot work together."""
   a, r = cfg.algo, cfg.rollout
@@ -476,6 +500,13 @@ def validate(cfg: TrainConfig, num_devices: int | None = None) -> None:
     not cfg.task.instruction or any(f in cfg.task.instruction for f in ("{question}", "{prompt}")),
     f"config.task.instruction={cfg.task.instruction!r} names no example field; put "
     "{question} (or {prompt}) where the problem goes.",
+  )
+  _check(
+    cfg.task.reward in ("exact_match", "math_verify")
+    and cfg.task.name != "countdown"
+    or cfg.task.reward == "exact_match",
+    f"config.task.reward={cfg.task.reward!r}; use 'exact_match' or 'math_verify' (arithmetic "
+    "and gsm8k; countdown has its own reward).",
   )
   _check(
     not cfg.task.system_prompt or cfg.task.template == "chat",

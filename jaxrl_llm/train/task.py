@@ -17,6 +17,7 @@ from jaxrl_llm.rewards import (
   missing_eos_penalty,
   overlong_penalty,
 )
+from jaxrl_llm.rewards.equivalence import math_verify_reward
 from jaxrl_llm.train.config import ConfigError, TrainConfig
 from jaxrl_llm.train.step import Batch
 
@@ -71,10 +72,15 @@ def checkpoint_tokenizer(path):
 def configured_spec(cfg: TrainConfig):
   """The example source `task.name` names, and its correctness reward."""
   t = cfg.task
-  exact_match = answer_match(t.answer_marker, t.strict_answer)
+  correct = {"exact_match": (answer_match(t.answer_marker, t.strict_answer), 1.0)}
+  if t.reward == "math_verify":
+    try:
+      correct = {"math_verify": (math_verify_reward(), 1.0)}
+    except ImportError as e:
+      raise ConfigError(f"config.task.reward='math_verify': {e}") from None
   if t.name == "arithmetic":
     spec = ArithmeticTask(digits=t.digits, ops=t.ops, test_fraction=t.test_fraction)
-    return spec, {"exact_match": (exact_match, 1.0)}
+    return spec, correct
   if t.name == "countdown":
     spec = CountdownTask(count=t.count, max_number=t.max_number, test_fraction=t.test_fraction)
     return spec, {"countdown": (countdown_reward, 1.0)}
@@ -83,7 +89,7 @@ def configured_spec(cfg: TrainConfig):
   except (OSError, ValueError) as e:
     key = "task.test_path" if t.test_path and str(t.test_path) in str(e) else "task.path"
     raise ConfigError(f"config.{key}: {e}") from None
-  return spec, {"exact_match": (exact_match, 1.0)}
+  return spec, correct
 
 
 class Task:

@@ -191,8 +191,9 @@ def test_fresh_flag_sets_the_old_run_aside(tmp_path):
   assert [p.name for p in (previous / "checkpoints").iterdir()] == ["0", "1"]
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
-def test_a_signal_saves_after_the_step_and_exits_0(tmp_path, signum):
+def _signal_a_running_job(tmp_path, signum, every):
+  """Starts the CLI on a long run, sends `signum` after its second step; returns the process
+  (finished), its output and the run directory."""
   workdir = tmp_path / "run"
   flags = {
     "model.hidden_size": 32,
@@ -207,7 +208,7 @@ def test_a_signal_saves_after_the_step_and_exits_0(tmp_path, signum):
     "run.progress": False,
     "run.tensorboard": False,
     "run.workdir": str(workdir),
-    "checkpoint.every": 100000,
+    "checkpoint.every": every,
   }
   command = [sys.executable, "-m", "jaxrl_llm.train", "--config", "experiments/default.py"]
   command += [f"--config.{k}={v}" for k, v in flags.items()]
@@ -225,8 +226,20 @@ def test_a_signal_saves_after_the_step_and_exits_0(tmp_path, signum):
     out, err = proc.communicate(timeout=120)
   finally:
     proc.kill()
-  assert proc.returncode == 0, err.decode()[-3000:]
-  steps = len(metrics.read_text().splitlines())
-  assert f"preempted: saved step {steps};" in out.decode()
-  assert f"received {signal.Signals(signum).name}" in err.decode()
+  return proc, out.decode(), err.decode(), workdir
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_saves_after_the_step_and_exits_0(tmp_path, signum):
+  proc, out, err, workdir = _signal_a_running_job(tmp_path, signum, every=100000)
+  assert proc.returncode == 0, err[-3000:]
+  steps = len((workdir / "metrics.jsonl").read_text().splitlines())
+  assert f"preempted: saved step {steps};" in out
+  assert f"received {signal.Signals(signum).name}" in err
   assert str(steps) in [p.name for p in (workdir / "checkpoints").iterdir()]
+
+
+def test_without_checkpoints_sigterm_stops_the_run_as_usual(tmp_path):
+  proc, _, err, workdir = _signal_a_running_job(tmp_path, signal.SIGTERM, every=0)
+  assert proc.returncode == -signal.SIGTERM, err[-3000:]  # nothing to save: not deferred
+  assert not (workdir / "checkpoints").exists()

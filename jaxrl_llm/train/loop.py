@@ -333,7 +333,7 @@ def train(cfg: TrainConfig, devices=None, task: Task | None = None) -> dict:
     desc=f"{cfg.algo.estimator}/{cfg.algo.policy_loss}",
     disable=not show,
   )
-  with Preemption() as preemption:
+  with Preemption(active=ckpt is not None) as preemption:
     for step in bar:
       start = time.perf_counter()
       scores, all_scores, stats = _score(learner, task, local, out, cfg)

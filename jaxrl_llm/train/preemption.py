@@ -11,12 +11,14 @@ log = logging.getLogger(__name__)
 
 class Preemption:
   """While active, the first SIGTERM or SIGINT asks the loop to save and stop after the
-  current step; a second SIGINT interrupts at once."""
+  current step; a second SIGINT interrupts at once. With `active=False` (a run without
+  checkpoints: nothing to save) the signals keep their usual effect."""
 
   SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
-  def __init__(self):
+  def __init__(self, active: bool = True):
     self.received = None
+    self.active = active
     self._previous = {}
 
   def _handle(self, signum, frame):
@@ -26,7 +28,7 @@ class Preemption:
     log.warning("received %s: saving after the current step, then exiting.", self.received)
 
   def __enter__(self):
-    if threading.current_thread() is threading.main_thread():
+    if self.active and threading.current_thread() is threading.main_thread():
       self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
     return self
 

@@ -44,6 +44,8 @@ class ExportError(ValueError):
 def _locate(checkpoint) -> tuple[epath.Path, int | None]:
   """(the checkpoints directory, a step named by the path or None)."""
   path = epath.Path(checkpoint)
+  if "://" not in str(checkpoint):  # a local path: Orbax reads absolute ones only
+    path = epath.Path(Path(checkpoint).resolve())
   if not path.exists():
     raise ExportError(f"{path} does not exist; pass a run directory or its checkpoints/.")
   if (path / "checkpoints").is_dir():

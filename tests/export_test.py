@@ -66,6 +66,14 @@ def test_an_earlier_step_and_a_step_directory(trained, tmp_path):
   assert not np.array_equal(np.asarray(first(tokens)[0]), np.asarray(policy(tokens)[0]))
 
 
+def test_a_relative_run_directory(trained, tmp_path, monkeypatch):
+  _, policy, out = trained
+  monkeypatch.chdir(out.parent)  # as in `--checkpoint runs/default` from the repository
+  relative = load_model(export_lib.export("run", tmp_path / "relative"))
+  tokens = np.array([[3, 4, 5]], np.int32)
+  np.testing.assert_array_equal(np.asarray(relative(tokens)[0]), np.asarray(policy(tokens)[0]))
+
+
 def test_bad_paths_say_what_to_pass(trained, tmp_path, capsys):
   with pytest.raises(export_lib.ExportError, match="does not exist"):
     export_lib.export(tmp_path / "missing", tmp_path / "out")

@@ -247,10 +247,18 @@ def bench_tunix_grpo(python: str, model_dir: Path, tok, steps: int) -> dict:
 
 
 def bench_grpo_part(model_dir: Path, tok, steps: int, tunix: str | None) -> dict:
+  results = {}
+  if tunix:  # first: the peer most likely to stop on a setting; nothing is lost then
+    r = bench_tunix_grpo(tunix, model_dir, tok, steps)
+    results["tunix"] = r
+    print(f"{r['peer']}: {r['s_per_iteration']:.2f} s/iteration")
   ours = bench_jax_grpo(model_dir, steps + WARMUP)
   t = ours["s_per_iteration"]
   print(f"jaxrl_llm: {t:.2f} s/iteration (median of {steps} after {WARMUP} warm-up)")
-  results = {"jax": ours}
+  results["jax"] = ours
+  if tunix:
+    results["speedup_vs_tunix"] = results["tunix"]["s_per_iteration"] / t
+    print(f"-> {results['speedup_vs_tunix']:.2f}x tunix")
   if importlib.util.find_spec("trl"):
     best = {}
     for n in THREADS:
@@ -261,10 +269,6 @@ def bench_grpo_part(model_dir: Path, tok, steps: int, tunix: str | None) -> dict
     setting, fastest = min(best.items(), key=lambda kv: kv[1])
     results |= {"trl_fastest": setting, "speedup_vs_trl": fastest / t}
     print(f"-> {fastest / t:.2f}x TRL at its fastest ({setting})")
-  if tunix:
-    r = bench_tunix_grpo(tunix, model_dir, tok, steps)
-    results |= {"tunix": r, "speedup_vs_tunix": r["s_per_iteration"] / t}
-    print(f"{r['peer']}: {r['s_per_iteration']:.2f} s/iteration -> {r['s_per_iteration'] / t:.2f}x")
   return results
 
 

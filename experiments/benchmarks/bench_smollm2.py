@@ -61,7 +61,7 @@ def chat_examples(tok, n: int) -> list[dict]:
   out = []
   for e in ArithmeticTask(digits=2, ops="+").examples("train", n, seed=0):
     user = instruction.replace("{question}", e["question"])
-    out.append({"prompt": tok.apply_chat_template([{"role": "user", "content": user}])} | e)
+    out.append(e | {"prompt": tok.apply_chat_template([{"role": "user", "content": user}])})
   return out
 
 

@@ -29,10 +29,9 @@ def test_arithmetic_builder_round_trip(tmp_path):
   builder.download_and_prepare()
   assert list(tmp_path.rglob("*.array_record*"))
   task = ArithmeticTask(digits=2)
-  assert read_split(builder, "train") == _sorted(
-    task.examples("train", 64, 3), ["prompt", "answer"]
-  )
-  assert read_split(builder, "test") == _sorted(task.examples("test", 16, 4), ["prompt", "answer"])
+  keys = ["prompt", "question", "answer"]
+  assert read_split(builder, "train") == _sorted(task.examples("train", 64, 3), keys)
+  assert read_split(builder, "test") == _sorted(task.examples("test", 16, 4), keys)
 
 
 def test_countdown_builder_round_trip(tmp_path):

@@ -59,10 +59,12 @@ class JaxrlArithmetic(_Synthetic):
   """n-digit arithmetic problems (see `data.arithmetic.ArithmeticTask`)."""
 
   TASK = ArithmeticTask
+  VERSION = tfds.core.Version("1.1.0")
+  RELEASE_NOTES = {"1.1.0": "Each example has its question (`47 + 15`) for chat instructions."}
   BUILDER_CONFIGS = [SyntheticConfig(name="d2_+", task={"digits": 2, "ops": "+"})]
 
   def _info(self):
-    features = tfds.features.FeaturesDict({"prompt": _TEXT, "answer": _TEXT})
+    features = tfds.features.FeaturesDict({"prompt": _TEXT, "question": _TEXT, "answer": _TEXT})
     return tfds.core.DatasetInfo(builder=self, features=features)
 
 

@@ -41,13 +41,14 @@ class MathVerifyReward:
   __name__ = "math_verify"
 
   def __init__(self, timeout_s: float = 5.0, memory_mb: int = 2048, max_chars: int = 4000):
+    self._proc = None  # first: __del__ runs even when the checks below raise
     if not available():
       raise ImportError(
         "the math_verify reward needs math-verify: pip install 'jaxrl_llm[math]' "
         "(or set config.task.reward='exact_match')."
       )
     self.timeout_s, self.memory_mb, self.max_chars = timeout_s, memory_mb, min(max_chars, MAX_CHARS)
-    self.timeouts, self._proc = 0, None
+    self.timeouts = 0
 
   def _worker(self) -> subprocess.Popen:
     if self._proc is None or self._proc.poll() is not None:

@@ -106,18 +106,24 @@ def export(learner, directory: Path) -> Path:
   return save_model(nnx.merge(learner.policy_def, jax.device_get(learner.policy)), directory)
 
 
-def bench_trl(model_dir: Path, steps: int, gradient_checkpointing: bool):
-  import datasets
+def run_trl(
+  model_dir,
+  tokenizer,
+  dataset,
+  reward,
+  steps: int,
+  gradient_checkpointing: bool,
+  prompts=PROMPTS,
+  group=G,
+  new_tokens=N,
+  beta=BETA,
+  lr=LR,
+) -> list[float]:
+  """Seconds of each of `steps` TRL GRPOTrainer iterations on `model_dir`'s float32 weights:
+  one optimizer step per generation batch of `prompts x group`, temperature 1, no truncation."""
   import torch
   import transformers
   import trl
-
-  tok = CharTokenizer(ArithmeticTask(digits=3).alphabet.replace("-", ""), with_bos=False)
-  examples = ArithmeticTask(digits=3).examples("train", 2048, seed=0)
-  dataset = datasets.Dataset.from_list(examples)
-
-  def reward(completions, answer, **_):
-    return exact_match(completions, [{"answer": a} for a in answer])
 
   times = []
 
@@ -136,16 +142,16 @@ def bench_trl(model_dir: Path, steps: int, gradient_checkpointing: bool):
       use_cpu=True,
       bf16=False,
       report_to="none",
-      per_device_train_batch_size=PROMPTS * G,
-      num_generations=G,
+      per_device_train_batch_size=prompts * group,
+      num_generations=group,
       steps_per_generation=1,
       gradient_accumulation_steps=1,
-      max_completion_length=N,
+      max_completion_length=new_tokens,
       temperature=1.0,
       top_k=0,
       top_p=1.0,
-      beta=BETA,
-      learning_rate=LR,
+      beta=beta,
+      learning_rate=lr,
       num_iterations=1,
       max_steps=steps,
       logging_steps=steps,
@@ -158,10 +164,26 @@ def bench_trl(model_dir: Path, steps: int, gradient_checkpointing: bool):
       reward_funcs=[reward],
       args=args,
       train_dataset=dataset,
-      processing_class=hf_tokenizer(tok),
+      processing_class=tokenizer,
       callbacks=[Timer()],
     )
     trainer.train()
+  return times
+
+
+def bench_trl(model_dir: Path, steps: int, gradient_checkpointing: bool):
+  import datasets
+  import torch
+  import trl
+
+  tok = CharTokenizer(ArithmeticTask(digits=3).alphabet.replace("-", ""), with_bos=False)
+  examples = ArithmeticTask(digits=3).examples("train", 2048, seed=0)
+  dataset = datasets.Dataset.from_list(examples)
+
+  def reward(completions, answer, **_):
+    return exact_match(completions, [{"answer": a} for a in answer])
+
+  times = run_trl(model_dir, hf_tokenizer(tok), dataset, reward, steps, gradient_checkpointing)
   return statistics.median(times[WARMUP:]), f"trl {trl.__version__}, torch {torch.__version__}"
 
 

@@ -33,13 +33,12 @@ import json  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import tempfile  # noqa: E402
-import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from experiments.benchmarks import bench_sampler  # noqa: E402
+from experiments.benchmarks import bench_grpo_step, bench_sampler  # noqa: E402
 from experiments.benchmarks.common import machine, write_results  # noqa: E402
 from experiments.benchmarks.peers import tunix_python  # noqa: E402
 from experiments.smollm2_arithmetic import get_config  # noqa: E402
@@ -167,54 +166,16 @@ def bench_trl(model_dir: Path, tok, steps: int, threads: int) -> dict:
   dataset = datasets.Dataset.from_list(
     [{"prompt": e["prompt"], "answer": e["answer"]} for e in examples]
   )
-  times, lengths = [], []
+  lengths = []
 
   def reward(completions, answer, **_):
     lengths.append(float(np.mean([len(tok.encode(c)) for c in completions])))
     return exact_match(completions, [{"answer": a} for a in answer])
 
-  class Timer(transformers.TrainerCallback):
-    def on_step_begin(self, *args, **kwargs):
-      self.start = time.perf_counter()
-
-    def on_step_end(self, *args, **kwargs):
-      times.append(time.perf_counter() - self.start)
-
-  with tempfile.TemporaryDirectory() as tmp:
-    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    hf_tok = transformers.AutoTokenizer.from_pretrained(model_dir)
-    args = trl.GRPOConfig(
-      gradient_checkpointing=False,
-      output_dir=str(Path(tmp) / "trl"),
-      use_cpu=True,
-      bf16=False,
-      report_to="none",
-      per_device_train_batch_size=PROMPTS * G,
-      num_generations=G,
-      steps_per_generation=1,
-      gradient_accumulation_steps=1,
-      max_completion_length=N,
-      temperature=1.0,
-      top_k=0,
-      top_p=1.0,
-      beta=BETA,
-      learning_rate=LR,
-      num_iterations=1,
-      max_steps=steps,
-      logging_steps=steps,
-      save_strategy="no",
-      disable_dropout=True,
-      seed=0,
-    )
-    trainer = trl.GRPOTrainer(
-      model=model,
-      reward_funcs=[reward],
-      args=args,
-      train_dataset=dataset,
-      processing_class=hf_tok,
-      callbacks=[Timer()],
-    )
-    trainer.train()
+  hf_tok = transformers.AutoTokenizer.from_pretrained(model_dir)
+  times = bench_grpo_step.run_trl(
+    model_dir, hf_tok, dataset, reward, steps, False, PROMPTS, G, N, BETA, LR
+  )
   return {
     "s_per_iteration": statistics.median(times[WARMUP:]),
     "iterations": times[WARMUP:],

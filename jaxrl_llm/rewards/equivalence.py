@@ -1,6 +1,6 @@
 """Mathematical equivalence with math-verify, kept away from the trainer's process.
 
-`math_verify_reward()` scores a completion 1.0 when math-verify finds its final answer
+`MathVerifyReward()` scores a completion 1.0 when math-verify finds its final answer
 equal to the example's (`\\frac{1}{2}` and `0.5`, `\\sqrt{4}` and `2`), else 0.0.
 
 math-verify parses LaTeX into sympy objects and compares them; it never runs model text as
@@ -106,8 +106,3 @@ class MathVerifyReward:
 
   def __del__(self):
     self._kill()
-
-
-def math_verify_reward(timeout_s: float = 5.0, memory_mb: int = 2048) -> MathVerifyReward:
-  """See `MathVerifyReward`."""
-  return MathVerifyReward(timeout_s=timeout_s, memory_mb=memory_mb)

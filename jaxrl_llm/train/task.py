@@ -17,7 +17,7 @@ from jaxrl_llm.rewards import (
   missing_eos_penalty,
   overlong_penalty,
 )
-from jaxrl_llm.rewards.equivalence import math_verify_reward
+from jaxrl_llm.rewards.equivalence import MathVerifyReward
 from jaxrl_llm.train.config import ConfigError, TrainConfig
 from jaxrl_llm.train.step import Batch
 
@@ -75,7 +75,7 @@ def configured_spec(cfg: TrainConfig):
   correct = {"exact_match": (answer_match(t.answer_marker, t.strict_answer), 1.0)}
   if t.reward == "math_verify":
     try:
-      correct = {"math_verify": (math_verify_reward(), 1.0)}
+      correct = {"math_verify": (MathVerifyReward(), 1.0)}
     except ImportError as e:
       raise ConfigError(f"config.task.reward='math_verify': {e}") from None
   if t.name == "arithmetic":

@@ -10,7 +10,7 @@ from jaxrl_llm import core
 from jaxrl_llm.models import load_model
 from jaxrl_llm.models.sharding import make_mesh, shard_params
 from jaxrl_llm.rollout import generate, process_logits
-from jaxrl_llm.rollout.sampler import _invert_cdf, sample_from_logprobs
+from jaxrl_llm.rollout.sampler import _drop_padding_columns, _invert_cdf, sample_from_logprobs
 
 FIXTURES = Path(__file__).parent / "fixtures"
 NAMES = ["qwen2_untied", "qwen2_tied", "llama3"]
@@ -85,6 +85,22 @@ def test_same_key_same_samples_and_groups_differ(model):
   groups = np.asarray(a.tokens_BxN).reshape(3, 4, 8)
   for g in groups:
     assert len({tuple(row) for row in g}) > 1
+
+
+def test_all_padding_columns_change_no_sample(model):
+  prompt, prompt_mask = _prompts()
+  pad = 21  # the prefill drops them again, down to a multiple of 8 columns
+  wide = jnp.pad(prompt, ((0, 0), (pad, 0))), jnp.pad(prompt_mask, ((0, 0), (pad, 0)))
+  a, b = (
+    generate(model, p, m, jax.random.key(5), max_new_tokens=8, num_samples=2)
+    for p, m in ((prompt, prompt_mask), wide)
+  )
+  np.testing.assert_array_equal(a.tokens_BxN, b.tokens_BxN)
+  np.testing.assert_allclose(a.logprobs_BxN, b.logprobs_BxN, atol=1e-5)
+  first_real = int(np.argmax(np.asarray(prompt_mask).any(axis=0)))
+  kept, kept_mask = _drop_padding_columns(*wide)
+  assert kept.shape[1] == -(-(prompt.shape[1] - first_real) // 8) * 8 < wide[0].shape[1]
+  np.testing.assert_array_equal(kept_mask.sum(), prompt_mask.sum())
 
 
 def test_eos_padding_and_early_stop(model):

@@ -12,6 +12,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from jaxrl_llm.models.sharding import batch_sharding, batch_size_divisor
@@ -109,7 +110,7 @@ class DecodeCarry(NamedTuple):
   next_pos_B: jax.Array  # RoPE position of the next token
 
 
-def _decode_step(carry: DecodeCarry, model, unembedding_DxV, key, eos_ids, sampling, pad_id):
+def _decode_step(carry: DecodeCarry, model, unembedding_VxD, key, eos_ids, sampling, pad_id):
   """Samples token `step`, records it, and runs the model on it for the next logits."""
   temperature, top_k, top_p = sampling
   logp_BxV = process_logits(carry.logits_BxV, temperature, top_k, top_p)
@@ -127,7 +128,7 @@ def _decode_step(carry: DecodeCarry, model, unembedding_DxV, key, eos_ids, sampl
   hidden_Bx1xD, cache = model.decoder(
     token_B[:, None], carry.next_pos_B[:, None], jnp.ones_like(token_B[:, None], bool), carry.cache
   )
-  logits_Bx1xV = model.unembed(hidden_Bx1xD, unembedding_DxV)
+  logits_Bx1xV = model.unembed(hidden_Bx1xD, unembedding_VxD)
   return DecodeCarry(
     carry.step + 1,
     logits_Bx1xV[:, 0],
@@ -184,10 +185,10 @@ def _generate(
   positions_BxP = positions_from_mask(prompt_mask_BxP)
   hidden, cache = model.decoder(constrain(prompt_BxP), positions_BxP, prompt_mask_BxP, cache)
   cache = cache.map_rows(repeat)
-  unembedding_DxV = model.unembedding_DxV()
+  unembedding_VxD = model.unembedding_VxD()
   carry = DecodeCarry(
     step=jnp.zeros((), jnp.int32),
-    logits_BxV=repeat(model.unembed(hidden[:, -1:], unembedding_DxV)[:, 0]),  # last token only
+    logits_BxV=repeat(model.unembed(hidden[:, -1:], unembedding_VxD)[:, 0]),  # last token only
     cache=cache,
     tokens_BxN=constrain(jnp.full((B, N), pad_id, jnp.int32)),
     logprobs_BxN=constrain(jnp.zeros((B, N), jnp.float32)),
@@ -197,7 +198,7 @@ def _generate(
   step = functools.partial(
     _decode_step,
     model=model,
-    unembedding_DxV=unembedding_DxV,
+    unembedding_VxD=unembedding_VxD,
     key=rng,
     eos_ids=eos_ids,
     sampling=sampling,
@@ -215,6 +216,24 @@ def _generate(
     lengths_B=mask_BxN.sum(-1).astype(jnp.int32),
     truncated_B=~jnp.any(is_eos_BxN, axis=-1),
   )
+
+
+def _drop_padding_columns(prompt_BxP, prompt_mask_BxP, multiple: int = 8):
+  """The prompts without the leading columns that are padding in every row, so the prefill
+  computes no all-padding column; the width kept is a multiple of `multiple` (or P), so a
+  loop over varied batches compiles a few widths at most. The samples do not change: masked
+  key slots get zero attention weight and positions count real tokens only. Prompts spread
+  over several processes are left as they are (each process would have to agree)."""
+  if isinstance(prompt_mask_BxP, jax.core.Tracer) or (
+    isinstance(prompt_mask_BxP, jax.Array) and not prompt_mask_BxP.is_fully_addressable
+  ):
+    return prompt_BxP, prompt_mask_BxP
+  real_P = np.asarray(prompt_mask_BxP).astype(bool).any(axis=0)
+  P = real_P.shape[0]
+  width = -(-(P - int(np.argmax(real_P))) // multiple) * multiple
+  if width >= P or not real_P.any():
+    return prompt_BxP, prompt_mask_BxP
+  return prompt_BxP[:, P - width :], prompt_mask_BxP[:, P - width :]
 
 
 def generate(
@@ -278,6 +297,7 @@ def generate(
       f"B*G = {rows} rows must divide over the mesh's data x fsdp = "
       f"{batch_size_divisor(mesh)} devices."
     )
+  prompt_BxP, prompt_mask_BxP = _drop_padding_columns(prompt_BxP, prompt_mask_BxP)
   return _generate(
     graphdef,
     params,

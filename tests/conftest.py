@@ -1,10 +1,14 @@
-"""Test setup: 8 fake CPU devices, set before JAX initialises its backend, and a
+"""Test setup: the CPU backend with 8 fake devices, set before JAX initialises it, and a
 persistent compilation cache shared by the test processes and the runs they start."""
 
 import os
 import tempfile
 
-import jax
+# CPU only, for the test processes and the runs they start: with the plan extra installed,
+# JAX would otherwise probe for TPUs and GPUs it cannot find.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # noqa: E402
 
 CACHE = os.environ.setdefault(
   "JAX_COMPILATION_CACHE_DIR", os.path.join(tempfile.gettempdir(), "jaxrl_llm_test_cache")

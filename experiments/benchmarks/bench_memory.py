@@ -26,23 +26,18 @@ planner (`jaxrl_llm.plan`) does the same for TPU and GPU targets.
 """
 
 import argparse
-import functools
 import time
 
 import jax
 
 jax.config.update("jax_num_cpu_devices", 8)
 
-import jax.numpy as jnp  # noqa: E402
-from flax import nnx  # noqa: E402
-
 from experiments.benchmarks.common import machine, read_results, write_results  # noqa: E402
-from jaxrl_llm.models import CausalLM, ModelConfig  # noqa: E402
-from jaxrl_llm.models.sharding import batch_sharding, make_mesh  # noqa: E402
+from jaxrl_llm.models import ModelConfig  # noqa: E402
+from jaxrl_llm.models.sharding import make_mesh  # noqa: E402
+from jaxrl_llm.plan import programs as programs_lib  # noqa: E402
 from jaxrl_llm.train import from_config_dict  # noqa: E402
 from jaxrl_llm.train import learner as learner_lib  # noqa: E402
-from jaxrl_llm.train import state as state_lib  # noqa: E402
-from jaxrl_llm.train import step as step_lib  # noqa: E402
 from jaxrl_llm.train.config import default_config_dict  # noqa: E402
 
 # Qwen2.5 shapes (config.json of Qwen/Qwen2.5-0.5B and -1.5B).
@@ -94,51 +89,15 @@ def model_config(cfg) -> ModelConfig:
   return learner_lib.model_config(cfg, VOCAB, eos_id=0).replace(rope_theta=1e6)
 
 
-def abstract(tree, shardings):
-  """ShapeDtypeStructs carrying `shardings` (a prefix of `tree`: one per Variable)."""
-  return jax.tree.map(
-    lambda s, a: jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), a),
-    shardings,
-    tree,
-  )
-
-
 def measure(model: str, setting: str, length: int, devices: int) -> list[dict]:
   """Compiles both programs for one configuration; their memory, one row each."""
   cfg = train_config(model, setting, length, devices)
   mesh = make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor, jax.devices()[:devices])
-  policy_def, params = nnx.split(
-    nnx.eval_shape(lambda: CausalLM(model_config(cfg), rngs=nnx.Rngs(0)))
-  )
-  optimizers = (
-    state_lib.make_optimizer(cfg, cfg.optim.learning_rate),
-    state_lib.make_optimizer(cfg, cfg.algo.critic_lr),
-  )
-  init = functools.partial(state_lib.init_train_state, cfg, optimizers=optimizers, seed=0)
-  state_shapes = jax.eval_shape(init, params, None)
-  state = abstract(state_shapes, state_lib.state_shardings(state_shapes, mesh, optimizers))
-  B, P, N = cfg.batch_size, PROMPT_LEN, length
-  rows = lambda shape, dtype: jax.ShapeDtypeStruct(
-    shape, dtype, sharding=batch_sharding(mesh, len(shape))
-  )
-  batch = step_lib.Batch(
-    prompt_BxP=rows((B, P), jnp.int32),
-    prompt_mask_BxP=rows((B, P), jnp.bool_),
-    tokens_BxN=rows((B, N), jnp.int32),
-    mask_BxN=rows((B, N), jnp.bool_),
-    scores_B=rows((B,), jnp.float32),
-  )
-  statics = dict(policy_def=policy_def, critic_def=None, cfg=cfg, mesh=mesh)
-  experience = jax.jit(functools.partial(step_lib.make_experience, **statics))
-  update = jax.jit(
-    functools.partial(step_lib.update, optimizers=optimizers, **statics), donate_argnums=0
-  )
-  exp_shapes, _ = jax.eval_shape(experience, state, batch)
-  exp_shardings = jax.tree.map(lambda x: batch_sharding(mesh, x.ndim), exp_shapes)
+  run = programs_lib.abstract_run(cfg, mesh, model_config(cfg))
   out = []
-  for name, fn, args in (
-    ("experience", experience, (state, batch)),
-    ("update", update, (state, abstract(exp_shapes, exp_shardings))),
+  for name, (fn, args) in (
+    ("experience", programs_lib.experience_program(run)),
+    ("update", programs_lib.update_program(run)),
   ):
     start = time.perf_counter()
     memory = fn.lower(*args).compile().memory_analysis()

@@ -6,6 +6,8 @@ None, replicated). Batches are split over `data` (and `fsdp`, which also holds
 a shard of every parameter).
 """
 
+import contextlib
+import contextvars
 import dataclasses
 
 import jax
@@ -93,3 +95,29 @@ def shard_params(state: nnx.State, mesh: Mesh, rules: ShardingRules = DEFAULT_RU
     shardings,
     is_leaf=lambda x: isinstance(x, nnx.Variable),
   )
+
+
+_ROWS_MESH = contextvars.ContextVar("jaxrl_llm_rows_mesh", default=None)
+
+
+@contextlib.contextmanager
+def rows_over(mesh: Mesh | None):
+  """Within it, `split_rows` splits activations' rows over `mesh`'s batch axes. The trainer's
+  and the sampler's jitted functions trace the model inside it."""
+  token = _ROWS_MESH.set(mesh)
+  try:
+    yield
+  finally:
+    _ROWS_MESH.reset(token)
+
+
+def split_rows(x):
+  """`x` constrained to split its leading (row) axis over the batch axes of the mesh set by
+  `rows_over` (unchanged without one, or when the rows do not divide). The decoder applies it
+  to its embedded tokens: without it the partitioner may carry the embedding's FSDP split
+  of the hidden axis into the activations, so that every device computes every row of
+  attention and holds every row's activations."""
+  mesh = _ROWS_MESH.get()
+  if mesh is None or x.shape[0] % batch_size_divisor(mesh):
+    return x
+  return jax.lax.with_sharding_constraint(x, batch_sharding(mesh, x.ndim))

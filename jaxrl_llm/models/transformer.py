@@ -26,6 +26,7 @@ import numpy as np
 from flax import nnx
 
 from jaxrl_llm.models.config import REMAT_POLICIES, ModelConfig
+from jaxrl_llm.models.sharding import split_rows
 
 LOGICAL_AXES = ("layers", "vocab", "embed", "heads", "kv_heads", "head_dim", "mlp")
 _MASKED = -1e30  # finite, so a query row with no visible key gives no NaN
@@ -346,7 +347,7 @@ class Decoder(nnx.Module):
         raise ValueError("decoding with a cache needs explicit positions_BxL.")
       positions_BxL = positions_from_mask(mask_BxL)
     rope = rope_tables(positions_BxL, jnp.asarray(rope_inv_freq(self.cfg)))
-    x = self.embed_VxD[...].astype(self.cfg.dtype)[tokens_BxL]
+    x = split_rows(self.embed_VxD[...].astype(self.cfg.dtype)[tokens_BxL])
     L = tokens_BxL.shape[1]
     if cache is None:
       x, _ = self._blocks(x, rope, Visibility(jnp.arange(L), mask_BxL))

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxrl_llm.models.sharding import batch_sharding, batch_size_divisor
+from jaxrl_llm.models.sharding import batch_sharding, batch_size_divisor, rows_over
 from jaxrl_llm.models.transformer import KVCache, init_cache, positions_from_mask
 
 
@@ -110,7 +110,7 @@ class DecodeCarry(NamedTuple):
   next_pos_B: jax.Array  # RoPE position of the next token
 
 
-def _decode_step(carry: DecodeCarry, model, unembedding_VxD, key, eos_ids, sampling, pad_id):
+def decode_step(carry: DecodeCarry, model, unembedding_VxD, key, eos_ids, sampling, pad_id):
   """Samples token `step`, records it, and runs the model on it for the next logits."""
   temperature, top_k, top_p = sampling
   logp_BxV = process_logits(carry.logits_BxV, temperature, top_k, top_p)
@@ -137,6 +137,46 @@ def _decode_step(carry: DecodeCarry, model, unembedding_VxD, key, eos_ids, sampl
     logprobs_BxN,
     done_B,
     carry.next_pos_B + 1,
+  )
+
+
+def _row_constraint(mesh):
+  """Splits an array's leading (row) axis over the mesh's batch axes, where it divides."""
+
+  def constrain(x):
+    if mesh is None or x.shape[0] % batch_size_divisor(mesh):
+      return x
+    return jax.lax.with_sharding_constraint(x, batch_sharding(mesh, x.ndim))
+
+  return constrain
+
+
+def prefill(
+  model, prompt_BxP, prompt_mask_BxP, *, max_new_tokens, num_samples, pad_id, cache_dtype, mesh
+) -> DecodeCarry:
+  """The decode loop's first carry: each prompt is prefilled once into a cache of
+  P + max_new_tokens slots, whose rows and next-token logits are then repeated for its
+  `num_samples` completions. (Its own program in `jaxrl_llm.plan`.)"""
+  constrain = _row_constraint(mesh)
+
+  def repeat(x):  # prompt i's row to rows i*G .. i*G+G-1
+    return constrain(jnp.repeat(x, num_samples, axis=0))
+
+  prompt_mask_BxP = constrain(prompt_mask_BxP.astype(bool))
+  B, P = prompt_BxP.shape[0] * num_samples, prompt_BxP.shape[1]
+  N = max_new_tokens
+  cache = init_cache(model.cfg, B // num_samples, P + N, cache_dtype)
+  positions_BxP = positions_from_mask(prompt_mask_BxP)
+  hidden, cache = model.decoder(constrain(prompt_BxP), positions_BxP, prompt_mask_BxP, cache)
+  logits_BxV = model.unembed(hidden[:, -1:], model.unembedding_VxD())[:, 0]  # last token only
+  return DecodeCarry(
+    step=jnp.zeros((), jnp.int32),
+    logits_BxV=repeat(logits_BxV),
+    cache=cache.map_rows(repeat),
+    tokens_BxN=constrain(jnp.full((B, N), pad_id, jnp.int32)),
+    logprobs_BxN=constrain(jnp.zeros((B, N), jnp.float32)),
+    done_B=constrain(jnp.zeros((B,), bool)),
+    next_pos_B=repeat(positions_BxP[:, -1] + 1),
   )
 
 
@@ -167,38 +207,51 @@ def _generate(
   cache_dtype,
   mesh,
 ):
-  def constrain(x):
-    if mesh is None or x.shape[0] % batch_size_divisor(mesh):
-      return x
-    return jax.lax.with_sharding_constraint(x, batch_sharding(mesh, x.ndim))
+  with rows_over(mesh):
+    return _sample(
+      nnx.merge(graphdef, params),
+      prompt_BxP,
+      prompt_mask_BxP,
+      rng,
+      eos_ids,
+      max_new_tokens=max_new_tokens,
+      num_samples=num_samples,
+      sampling=sampling,
+      pad_id=pad_id,
+      cache_dtype=cache_dtype,
+      mesh=mesh,
+    )
 
-  def repeat(x):  # prompt i's row to rows i*G .. i*G+G-1
-    return constrain(jnp.repeat(x, num_samples, axis=0))
 
-  # Each prompt is prefilled once; its cache and next-token logits are then repeated for
-  # the G samples.
-  prompt_mask_BxP = constrain(prompt_mask_BxP.astype(bool))
-  B, P = prompt_BxP.shape[0] * num_samples, prompt_BxP.shape[1]
+def _sample(
+  model,
+  prompt_BxP,
+  prompt_mask_BxP,
+  rng,
+  eos_ids,
+  *,
+  max_new_tokens,
+  num_samples,
+  sampling,
+  pad_id,
+  cache_dtype,
+  mesh,
+):
   N = max_new_tokens
-  model = nnx.merge(graphdef, params)
-  cache = init_cache(model.cfg, B // num_samples, P + N, cache_dtype)
-  positions_BxP = positions_from_mask(prompt_mask_BxP)
-  hidden, cache = model.decoder(constrain(prompt_BxP), positions_BxP, prompt_mask_BxP, cache)
-  cache = cache.map_rows(repeat)
-  unembedding_VxD = model.unembedding_VxD()
-  carry = DecodeCarry(
-    step=jnp.zeros((), jnp.int32),
-    logits_BxV=repeat(model.unembed(hidden[:, -1:], unembedding_VxD)[:, 0]),  # last token only
-    cache=cache,
-    tokens_BxN=constrain(jnp.full((B, N), pad_id, jnp.int32)),
-    logprobs_BxN=constrain(jnp.zeros((B, N), jnp.float32)),
-    done_B=constrain(jnp.zeros((B,), bool)),
-    next_pos_B=repeat(positions_BxP[:, -1] + 1),
+  carry = prefill(
+    model,
+    prompt_BxP,
+    prompt_mask_BxP,
+    max_new_tokens=N,
+    num_samples=num_samples,
+    pad_id=pad_id,
+    cache_dtype=cache_dtype,
+    mesh=mesh,
   )
   step = functools.partial(
-    _decode_step,
+    decode_step,
     model=model,
-    unembedding_VxD=unembedding_VxD,
+    unembedding_VxD=model.unembedding_VxD(),
     key=rng,
     eos_ids=eos_ids,
     sampling=sampling,

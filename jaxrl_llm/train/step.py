@@ -18,7 +18,7 @@ from jax.sharding import PartitionSpec as P
 
 from jaxrl_llm import core
 from jaxrl_llm.models import completion_hidden
-from jaxrl_llm.models.sharding import BATCH_AXES
+from jaxrl_llm.models.sharding import BATCH_AXES, rows_over
 from jaxrl_llm.train.config import TrainConfig
 from jaxrl_llm.train.state import (
   TrainState,
@@ -145,6 +145,18 @@ def loss_mask(batch: Batch, cfg: TrainConfig):
   return batch.mask_BxN & rows_B[:, None]
 
 
+def _rows_over_mesh(fn):
+  """Traces `fn` with the model's activations split by rows over its `mesh` argument."""
+
+  @functools.wraps(fn)
+  def traced(*args, mesh=None, **kwargs):
+    with rows_over(mesh):
+      return fn(*args, mesh=mesh, **kwargs)
+
+  return traced
+
+
+@_rows_over_mesh
 def make_experience(
   state: TrainState, batch: Batch, *, policy_def, critic_def, cfg: TrainConfig, mesh=None
 ) -> tuple[Experience, dict]:
@@ -335,6 +347,7 @@ def _apply(optimizer, schedule, grads, opt_state, params, enabled):
   return new_params, new_opt_state, learning_rate
 
 
+@_rows_over_mesh
 def update(
   state: TrainState,
   exp: Experience,

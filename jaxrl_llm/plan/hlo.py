@@ -1,0 +1,407 @@
+"""What one device does in a compiled program, read from its optimized HLO text.
+
+XLA's own `cost_analysis()` counts the body of every loop once, so a scan over the layers or
+over micro-batches would be counted as one layer or one micro-batch. This walks the
+module from its entry computation instead and multiplies each loop body by the trip count
+XLA proved for it (`known_trip_count`); a loop with no known count is counted once and
+reported in `unknown_loops`.
+
+Per device and per run of the program it sums:
+- `flops`: 2 x the multiply-adds of every dot and convolution (cuBLAS calls included);
+- `hbm_bytes`: the bytes every top-level instruction reads and writes (a fusion's operands
+  and result; nothing inside a fusion), the traffic of a program whose fusions each make one
+  pass over memory;
+- `collectives`: per kind, how many run and the bytes of their buffers (all-gather: the
+  gathered result; all-reduce, reduce-scatter, all-to-all, collective-permute: the operand).
+"""
+
+import dataclasses
+import json
+import math
+import re
+from collections import Counter
+
+import numpy as np
+
+_DTYPE_BYTES = {
+  "pred": 1, "s4": 0.5, "u4": 0.5, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "s32": 4, "u32": 4,
+  "s64": 8, "u64": 8, "f16": 2, "bf16": 2, "f32": 4, "f64": 8, "c64": 8, "c128": 16,
+  "f8e4m3fn": 1, "f8e5m2": 1, "f8e4m3fnuz": 1, "f8e5m2fnuz": 1, "f8e4m3b11fnuz": 1,
+}  # fmt: skip
+_ARRAY = re.compile(r"\b([a-z]+[0-9a-z]*)\[([0-9,]*)\]")
+_HEADER = re.compile(r"^(ENTRY\s+)?%?([^\s(]+)\s*\(.*\)\s*->\s*.*\{\s*$")
+_FREE = {
+  "parameter", "get-tuple-element", "tuple", "bitcast", "constant", "after-all",
+  "partition-id", "replica-id", "iota", "opt-barrier",
+}  # fmt: skip
+COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")
+
+
+@dataclasses.dataclass
+class Instr:
+  name: str
+  shape: str
+  opcode: str
+  operands: list[str]
+  attrs: str
+  root: bool = False
+
+
+@dataclasses.dataclass
+class Stats:
+  flops: float = 0.0
+  hbm_bytes: float = 0.0
+  collectives: Counter = dataclasses.field(default_factory=Counter)  # kind -> bytes
+  collective_counts: Counter = dataclasses.field(default_factory=Counter)
+  unknown_loops: int = 0
+
+  def add(self, other: "Stats", times: float = 1.0) -> None:
+    self.flops += times * other.flops
+    self.hbm_bytes += times * other.hbm_bytes
+    for kind, n in other.collectives.items():
+      self.collectives[kind] += times * n
+    for kind, n in other.collective_counts.items():
+      self.collective_counts[kind] += times * n
+    self.unknown_loops += other.unknown_loops
+
+
+def _dims(shape: str) -> list[tuple[str, list[int]]]:
+  return [
+    (dt, [int(d) for d in dims.split(",") if d])
+    for dt, dims in _ARRAY.findall(shape)
+    if dt in _DTYPE_BYTES
+  ]
+
+
+def shape_bytes(shape: str) -> float:
+  """Bytes of an HLO shape (a tuple's elements summed)."""
+  return sum(_DTYPE_BYTES[dt] * math.prod(dims) for dt, dims in _dims(shape))
+
+
+def _balanced(text: str, start: int) -> int:
+  """Index just past the bracket group opening at `start`."""
+  depth = 0
+  for i in range(start, len(text)):
+    c = text[i]
+    if c in "([{":
+      depth += 1
+    elif c in ")]}":
+      depth -= 1
+      if depth == 0:
+        return i + 1
+  raise ValueError(f"unbalanced HLO text near {text[start : start + 60]!r}")
+
+
+def _instruction(line: str) -> Instr | None:
+  line = line.strip()
+  root = line.startswith("ROOT ")
+  line = line.removeprefix("ROOT ").strip()
+  if not line.startswith("%") or " = " not in line:
+    return None
+  name, rest = line[1:].split(" = ", 1)
+  end = _balanced(rest, 0) if rest.startswith("(") else rest.index(" ")
+  shape, rest = rest[:end], rest[end:].lstrip()
+  opcode, _, rest = rest.partition("(")
+  close = _balanced("(" + rest, 0) - 1
+  operands = [
+    o.strip().split(" ")[-1].lstrip("%") for o in _split_top(rest[: close - 1]) if o.strip()
+  ]
+  return Instr(name, shape, opcode.strip(), operands, rest[close:], root)
+
+
+def _split_top(text: str) -> list[str]:
+  parts, depth, start = [], 0, 0
+  for i, c in enumerate(text):
+    if c in "([{":
+      depth += 1
+    elif c in ")]}":
+      depth -= 1
+    elif c == "," and depth == 0:
+      parts.append(text[start:i])
+      start = i + 1
+  parts.append(text[start:])
+  return parts
+
+
+def parse(text: str) -> tuple[dict[str, list[Instr]], str]:
+  """The module's computations, by name, and the entry computation's name."""
+  computations, entry, current = {}, None, None
+  for line in text.splitlines():
+    header = _HEADER.match(line)
+    if header and not line.startswith(" "):
+      current = computations.setdefault(header.group(2), [])
+      if header.group(1):
+        entry = header.group(2)
+      continue
+    if line.startswith("}"):
+      current = None
+      continue
+    if current is not None:
+      instr = _instruction(line)
+      if instr is not None:
+        current.append(instr)
+  if entry is None:
+    raise ValueError("no ENTRY computation in the HLO text")
+  return computations, entry
+
+
+def _attr(attrs: str, key: str) -> str | None:
+  m = re.search(rf"\b{key}=(%?[\w.\-]+|\{{[^}}]*\}})", attrs)
+  return m.group(1).lstrip("%") if m else None
+
+
+def _called(attrs: str, key: str) -> list[str]:
+  value = _attr(attrs, key)
+  if value is None:
+    return []
+  return [v.strip().lstrip("%") for v in value.strip("{}").split(",") if v.strip()]
+
+
+def _ints(value: str | None) -> list[int]:
+  return [int(v) for v in re.findall(r"\d+", value or "")]
+
+
+def _dot_flops(instr: Instr, shapes: dict[str, str]) -> float:
+  out = _dims(instr.shape)
+  lhs = _dims(shapes.get(instr.operands[0], ""))
+  if not out or not lhs:
+    return 0.0
+  contracted = math.prod(lhs[0][1][d] for d in _ints(_attr(instr.attrs, "lhs_contracting_dims")))
+  return 2.0 * math.prod(out[0][1]) * contracted
+
+
+def _window(attrs: str) -> dict[str, list]:
+  m = re.search(r"window=\{([^}]*)\}", attrs)
+  fields = dict(f.split("=", 1) for f in (m.group(1).split() if m else []))
+  return {k: v.split("x") for k, v in fields.items()}
+
+
+def _valid_pairs(out_size, in_size, size, stride, pad_low, lhs_dilate, rhs_dilate) -> int:
+  """(output position, kernel tap) pairs of one spatial dimension that land on input."""
+  o = np.arange(out_size)
+  total = 0
+  for w in range(size):
+    p = o * stride - pad_low + w * rhs_dilate
+    ok = (p >= 0) & (p <= (in_size - 1) * lhs_dilate) & (p % lhs_dilate == 0)
+    total += int(ok.sum())
+  return total
+
+
+def _conv_flops(instr: Instr, shapes: dict[str, str]) -> float:
+  """A convolution's multiply-adds counted as XLA's cost analysis does: input features per
+  group x output features x batch per group x the valid (output, tap) pairs of each spatial
+  dimension. TPU programs express many dots this way."""
+  out = _dims(instr.shape)
+  lhs = _dims(shapes.get(instr.operands[0], ""))
+  kernel = _dims(shapes.get(instr.operands[1], "")) if len(instr.operands) > 1 else []
+  m = re.search(r"dim_labels=(\w+_\w+->\w+)", instr.attrs)
+  labels = m.group(1) if m else ""
+  if not out or not lhs or not kernel or not labels:
+    return 0.0
+  lhs_labels, rest = labels.split("_", 1)
+  kernel_labels, out_labels = rest.split("->")
+  lhs_dims, kernel_dims, out_dims = lhs[0][1], kernel[0][1], out[0][1]
+  at = lambda dims, labels, c: dims[labels.index(c)]
+  window = _window(instr.attrs)
+  spatial = sorted(c for c in kernel_labels if c.isdigit())
+  valid = 1
+  for k, d in enumerate(spatial):
+    get = lambda key, default, k=k: int(window[key][k]) if key in window else default
+    pad_low = int(window["pad"][k].split("_")[0]) if "pad" in window else 0
+    valid *= _valid_pairs(
+      at(out_dims, out_labels, d),
+      at(lhs_dims, lhs_labels, d),
+      get("size", at(kernel_dims, kernel_labels, d)),
+      get("stride", 1),
+      pad_low,
+      get("lhs_dilate", 1),
+      get("rhs_dilate", 1),
+    )
+  feature_groups = (_ints(_attr(instr.attrs, "feature_group_count")) or [1])[0]
+  batch_groups = (_ints(_attr(instr.attrs, "batch_group_count")) or [1])[0]
+  fma = (
+    at(lhs_dims, lhs_labels, "f")
+    / feature_groups
+    * at(kernel_dims, kernel_labels, "o")
+    * at(lhs_dims, lhs_labels, "b")
+    / batch_groups
+    * valid
+  )
+  return 2.0 * fma
+
+
+def _trip_count(instr: Instr, computations) -> int | None:
+  """A while loop's trip count: XLA's `known_trip_count`, else the bound of a counted loop
+  whose condition is `counter < constant` (the TPU compiler leaves the count out; the loops
+  jax emits count from 0 by 1)."""
+  known = re.search(r'"known_trip_count":\{"n":"(\d+)"', instr.attrs)
+  if known:
+    return int(known.group(1))
+  cond = computations.get(_attr(instr.attrs, "condition"), [])
+  constants = {
+    i.name: int(i.operands[0])
+    for i in cond
+    if i.opcode == "constant" and i.operands and re.fullmatch(r"-?\d+", i.operands[0])
+  }
+  for i in cond:
+    if i.opcode == "compare" and "direction=LT" in i.attrs and len(i.operands) == 2:
+      if i.operands[1] in constants and i.operands[0] not in constants:
+        return constants[i.operands[1]]
+  return None
+
+
+def _gemm_call_flops(instr: Instr, shapes: dict[str, str]) -> float:
+  """A cuBLAS/cuBLASLt matmul custom call: its dot dimensions sit in the backend config."""
+  m = re.search(r"backend_config=(\{.*\})", instr.attrs)
+  if not m or len(instr.operands) < 2:
+    return 0.0
+  try:
+    dims = json.loads(m.group(1))["gemm_backend_config"]["dot_dimension_numbers"]
+  except (ValueError, KeyError, TypeError):
+    return 0.0
+  lhs = _dims(shapes.get(instr.operands[0], ""))
+  rhs = _dims(shapes.get(instr.operands[1], ""))
+  if not lhs or not rhs:
+    return 0.0
+  rhs_kept = [
+    n
+    for i, n in enumerate(rhs[0][1])
+    if str(i) not in dims.get("rhs_contracting_dimensions", [])
+    and str(i) not in dims.get("rhs_batch_dimensions", [])
+  ]
+  return 2.0 * math.prod(lhs[0][1]) * math.prod(rhs_kept)
+
+
+def _collective_kind(opcode: str) -> str | None:
+  base = opcode.removesuffix("-start")
+  return base if base in COLLECTIVES else None
+
+
+def _sliced_traffic(instr: Instr, shapes: dict[str, str]) -> float | None:
+  """Bytes a slice or an in-place update moves (not its whole buffer); None otherwise."""
+  if instr.opcode == "dynamic-slice":
+    return 2 * shape_bytes(instr.shape)
+  if instr.opcode == "dynamic-update-slice" and len(instr.operands) > 1:
+    return 2 * shape_bytes(shapes.get(instr.operands[1], ""))
+  return None
+
+
+def _fusion_traffic(instr: Instr, shapes: dict[str, str], fused: list[Instr]) -> float:
+  """A fusion's HBM traffic: each operand read once and the result written once, except
+  that an operand the fusion only slices is read slice by slice, and a buffer it updates in
+  place (a dynamic-update-slice root, as for a KV cache or a scan's stacked outputs) moves
+  only the update."""
+  inner = {i.name: i for i in fused}
+  users: dict[str, list[tuple[Instr, int]]] = {}
+  for i in fused:
+    for k, o in enumerate(i.operands):
+      users.setdefault(o, []).append((i, k))
+  total = 0.0
+  for p in (i for i in fused if i.opcode == "parameter"):
+    index = int(p.operands[0]) if p.operands and p.operands[0].isdigit() else -1
+    full = shape_bytes(shapes.get(instr.operands[index], "")) if index >= 0 else 0.0
+    uses = users.get(p.name, [])
+    if uses and all(u.opcode == "dynamic-slice" and k == 0 for u, k in uses):
+      total += sum(shape_bytes(u.shape) for u, _ in uses)
+    elif uses and all(u.opcode == "dynamic-update-slice" and k == 0 for u, k in uses):
+      continue  # the buffer updated in place: counted with the result
+    else:
+      total += full
+  root = next((i for i in fused if i.root), None)
+  outputs = (
+    [root]
+    if root is not None and root.opcode != "tuple"
+    else [inner[o] for o in (root.operands if root is not None else []) if o in inner]
+  )
+  if not outputs:
+    return total + shape_bytes(instr.shape)
+  for out in outputs:
+    if out.opcode == "dynamic-update-slice" and len(out.operands) > 1:
+      total += 2 * shape_bytes(inner[out.operands[1]].shape) if out.operands[1] in inner else 0
+    else:
+      total += shape_bytes(out.shape)
+  return total
+
+
+def analyze(text: str) -> Stats:
+  """Per-device FLOPs, HBM traffic and collectives of one run of the module."""
+  computations, entry = parse(text)
+  memo: dict[tuple[str, bool], Stats] = {}
+
+  def visit(name: str, top_level: bool) -> Stats:
+    key = (name, top_level)
+    if key in memo:
+      return memo[key]
+    stats = Stats()
+    instrs = computations.get(name, [])
+    shapes = {i.name: i.shape for i in instrs}
+    for instr in instrs:
+      op = instr.opcode
+      operand_bytes = sum(shape_bytes(shapes.get(o, "")) for o in instr.operands)
+      if op == "while":
+        trip = _trip_count(instr, computations)
+        n = 1 if trip is None else trip
+        stats.unknown_loops += trip is None
+        stats.add(visit(_attr(instr.attrs, "body"), top_level), n)
+        stats.add(visit(_attr(instr.attrs, "condition"), top_level), n + 1)
+        continue
+      if op == "conditional":
+        branches = _called(instr.attrs, "branch_computations") or [
+          b for b in (_attr(instr.attrs, k) for k in ("true_computation", "false_computation")) if b
+        ]
+        if branches:  # the costliest branch
+          stats.add(max((visit(b, top_level) for b in branches), key=lambda s: s.flops))
+        continue
+      if op == "call":
+        for callee in _called(instr.attrs, "to_apply"):
+          stats.add(visit(callee, top_level))
+      elif op == "async-start":
+        for callee in _called(instr.attrs, "calls"):
+          stats.add(visit(callee, top_level))
+      if op == "fusion":
+        for callee in _called(instr.attrs, "calls"):
+          inner = visit(callee, False)
+          stats.flops += inner.flops
+          stats.collectives.update(inner.collectives)
+          stats.collective_counts.update(inner.collective_counts)
+          stats.unknown_loops += inner.unknown_loops
+          if "all-reduce-scatter" in callee and not inner.collectives:
+            stats.collectives["reduce-scatter"] += operand_bytes
+            stats.collective_counts["reduce-scatter"] += 1
+      elif op == "dot":
+        stats.flops += _dot_flops(instr, shapes)
+      elif op == "convolution":
+        stats.flops += _conv_flops(instr, shapes)
+      elif op == "custom-call" and re.search(r'custom_call_target="__cublas', instr.attrs):
+        stats.flops += _gemm_call_flops(instr, shapes)
+      kind = _collective_kind(op)
+      if kind:
+        moved = operand_bytes
+        if kind == "all-gather":  # an async start's shape is (operand, result)
+          moved = (
+            _last_array_bytes(instr.shape) if op.endswith("-start") else shape_bytes(instr.shape)
+          )
+        stats.collectives[kind] += moved
+        stats.collective_counts[kind] += 1
+      if top_level and op not in _FREE and not op.endswith("-done"):
+        sliced = _sliced_traffic(instr, shapes)
+        if op == "fusion" and _called(instr.attrs, "calls"):
+          fused = computations.get(_called(instr.attrs, "calls")[0], [])
+          stats.hbm_bytes += _fusion_traffic(instr, shapes, fused)
+        elif sliced is not None:
+          stats.hbm_bytes += sliced
+        else:
+          stats.hbm_bytes += operand_bytes + shape_bytes(instr.shape)
+    memo[key] = stats
+    return stats
+
+  return visit(entry, True)
+
+
+def _last_array_bytes(shape: str) -> float:
+  """An async all-gather's shape is `(operand, result)`: the result's bytes."""
+  arrays = _dims(shape)
+  if not arrays:
+    return 0.0
+  dt, dims = arrays[-1]
+  return _DTYPE_BYTES[dt] * math.prod(dims)

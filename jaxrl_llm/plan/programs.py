@@ -1,0 +1,225 @@
+"""The run's four device programs, built from abstract state and compiled for any devices.
+
+A configured run executes, per iteration: the sampler's prefill, its decode step (the body of
+the decode loop, `rollout.max_new_tokens` times), the experience pass (old and reference
+log-probs, values) and the update. `abstract_run` builds the run's state as
+ShapeDtypeStructs on a mesh of the target's devices, with the trainer's own sharding rules,
+and `programs` gives each program as the trainer jits it, with its abstract arguments. No
+weights are loaded and nothing runs.
+"""
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from jaxrl_llm.models import CausalLM, ModelConfig, ValueModel
+from jaxrl_llm.models.config import from_hf_config
+from jaxrl_llm.models.hf import read_config
+from jaxrl_llm.models.sharding import batch_sharding, batch_size_divisor, rows_over
+from jaxrl_llm.rollout import sampler
+from jaxrl_llm.train import learner as learner_lib
+from jaxrl_llm.train import state as state_lib
+from jaxrl_llm.train import step as step_lib
+from jaxrl_llm.train.config import ConfigError, TrainConfig
+
+PROGRAMS = ("prefill", "decode_step", "experience", "update")
+
+
+def model_config(cfg: TrainConfig, vocab_size: int | None = None) -> ModelConfig:
+  """The policy's ModelConfig: from `model.path`'s config.json alone (no weights read), or
+  from the `model.*` sizes with `vocab_size` (the task tokenizer's)."""
+  m = cfg.model
+  if m.path:
+    try:
+      hf = read_config(m.path)
+      return from_hf_config(
+        hf,
+        param_dtype=jnp.dtype(m.param_dtype),
+        dtype=jnp.dtype(m.dtype),
+        remat=m.remat,
+        scan_layers=m.scan_layers,
+        attention_chunk=m.attention_chunk,
+      )
+    except (OSError, KeyError, ValueError) as e:
+      raise ConfigError(
+        f"config.model.path={m.path!r}: {e}; the planner reads only its config.json."
+      ) from None
+  if vocab_size is None:
+    raise ValueError("model_config without model.path needs the tokenizer's vocab_size.")
+  return learner_lib.model_config(cfg, vocab_size, eos_id=0)
+
+
+def abstract(tree, shardings):
+  """ShapeDtypeStructs carrying `shardings` (a prefix of `tree`: one per Variable)."""
+  return jax.tree.map(
+    lambda s, a: jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), a),
+    shardings,
+    tree,
+  )
+
+
+@dataclasses.dataclass
+class Run:
+  """A configured run's abstract state on a mesh."""
+
+  cfg: TrainConfig
+  mesh: jax.sharding.Mesh
+  model_cfg: ModelConfig
+  policy_def: nnx.GraphDef
+  critic_def: nnx.GraphDef | None
+  optimizers: tuple
+  state: state_lib.TrainState  # ShapeDtypeStructs with their shardings
+  eos_ids: tuple = (0,)
+  pad_id: int = 0
+
+  @property
+  def prompt_length(self) -> int:
+    return self.cfg.task.prompt_length
+
+  def rows(self, shape, dtype):
+    """A batch-sharded abstract array (replicated when the rows do not divide)."""
+    divides = shape[0] % batch_size_divisor(self.mesh) == 0
+    sharding = batch_sharding(self.mesh, len(shape)) if divides else NamedSharding(self.mesh, P())
+    return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
+
+
+def abstract_run(cfg: TrainConfig, mesh, model_cfg: ModelConfig) -> Run:
+  """The TrainState the trainer would build for `cfg` on `mesh`, as ShapeDtypeStructs."""
+  policy_def, params = nnx.split(nnx.eval_shape(lambda: CausalLM(model_cfg, rngs=nnx.Rngs(0))))
+  critic_def, critic = None, None
+  if cfg.uses_critic:
+    critic_def, critic = nnx.split(nnx.eval_shape(lambda: ValueModel(model_cfg, rngs=nnx.Rngs(0))))
+  optimizers = (
+    state_lib.make_optimizer(cfg, cfg.optim.learning_rate),
+    state_lib.make_optimizer(cfg, cfg.algo.critic_lr),
+  )
+  init = functools.partial(state_lib.init_train_state, cfg, optimizers=optimizers, seed=0)
+  shapes = jax.eval_shape(init, params, critic)
+  state = abstract(shapes, state_lib.state_shardings(shapes, mesh, optimizers))
+  eos = model_cfg.eos_token_id
+  eos_ids = tuple(eos) if isinstance(eos, (tuple, list)) else (int(eos or 0),)
+  return Run(cfg, mesh, model_cfg, policy_def, critic_def, optimizers, state, eos_ids)
+
+
+def device_bytes(tree) -> int:
+  """Bytes one device holds of a tree of sharded ShapeDtypeStructs (the largest shard)."""
+  total = 0
+  for x in jax.tree.leaves(tree):
+    shape = x.sharding.shard_shape(x.shape) if x.sharding is not None else x.shape
+    total += math.prod(shape) * jnp.dtype(x.dtype).itemsize
+  return total
+
+
+def _sampling(run: Run):
+  r = run.cfg.rollout
+  return (float(r.temperature), r.top_k or None, None if r.top_p in (None, 1.0) else r.top_p)
+
+
+def prefill_program(run: Run):
+  """The sampler's prefill, `(jitted, abstract args)`: the B/G prompts into the cache."""
+  cfg, r = run.cfg, run.cfg.rollout
+  B, G = cfg.batch_size, r.group_size
+
+  def prefill(params, prompt, mask):
+    with rows_over(run.mesh):
+      return sampler.prefill(
+        nnx.merge(run.policy_def, params),
+        prompt,
+        mask,
+        max_new_tokens=r.max_new_tokens,
+        num_samples=G,
+        pad_id=run.pad_id,
+        cache_dtype=None,
+        mesh=run.mesh,
+      )
+
+  shape = (B // G, run.prompt_length)
+  return jax.jit(prefill), (run.state.policy, run.rows(shape, jnp.int32), run.rows(shape, bool))
+
+
+def decode_program(run: Run, carry_shardings=None):
+  """One decode step, the body of the sampler's loop, `(jitted, abstract args)`; the carry
+  is donated, as the loop updates it in place. `carry_shardings`: the compiled prefill's
+  output shardings (default: every carry array split by rows)."""
+  prefill, prefill_args = prefill_program(run)
+  carry_shapes = jax.eval_shape(prefill, *prefill_args)
+  if carry_shardings is None:
+    carry = jax.tree.map(lambda x: run.rows(x.shape, x.dtype) if x.ndim else x, carry_shapes)
+  else:
+    carry = jax.tree.map(
+      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+      carry_shapes,
+      carry_shardings,
+    )
+  eos_ids, sampling = run.eos_ids, _sampling(run)
+
+  def decode_step(params, carry, key):
+    model = nnx.merge(run.policy_def, params)
+    eos = jnp.asarray(eos_ids, jnp.int32)
+    with rows_over(run.mesh):
+      return sampler.decode_step(
+        carry, model, model.unembedding_VxD(), key, eos, sampling, run.pad_id
+      )
+
+  key = jax.ShapeDtypeStruct((), jax.eval_shape(lambda: jax.random.key(0)).dtype)
+  return jax.jit(decode_step, donate_argnums=1), (run.state.policy, carry, key)
+
+
+def _batch(run: Run) -> step_lib.Batch:
+  B, P_, N = run.cfg.batch_size, run.prompt_length, run.cfg.rollout.max_new_tokens
+  return step_lib.Batch(
+    prompt_BxP=run.rows((B, P_), jnp.int32),
+    prompt_mask_BxP=run.rows((B, P_), jnp.bool_),
+    tokens_BxN=run.rows((B, N), jnp.int32),
+    mask_BxN=run.rows((B, N), jnp.bool_),
+    scores_B=run.rows((B,), jnp.float32),
+    truncated_B=run.rows((B,), jnp.bool_),
+  )
+
+
+def _statics(run: Run) -> dict:
+  return dict(policy_def=run.policy_def, critic_def=run.critic_def, cfg=run.cfg, mesh=run.mesh)
+
+
+def experience_program(run: Run):
+  """The experience pass (old and reference log-probs, values, advantages)."""
+  fn = jax.jit(functools.partial(step_lib.make_experience, **_statics(run)))
+  return fn, (run.state, _batch(run))
+
+
+def update_program(run: Run):
+  """The update: every minibatch's optimizer step; the state is donated."""
+  experience, args = experience_program(run)
+  exp_shapes, _ = jax.eval_shape(experience, *args)
+  exp = jax.tree.map(lambda x: run.rows(x.shape, x.dtype), exp_shapes)
+  fn = jax.jit(
+    functools.partial(step_lib.update, optimizers=run.optimizers, **_statics(run)),
+    donate_argnums=0,
+  )
+  return fn, (run.state, exp)
+
+
+def state_argument_bytes(run: Run, name: str) -> int:
+  """Bytes per device of a program's arguments that are train state (resident anyway)."""
+  return device_bytes(run.state.policy if name in ("prefill", "decode_step") else run.state)
+
+
+def matmul_params(run: Run) -> int:
+  """Parameters each token multiplies by (see `train.perf.matmul_params`)."""
+  total = sum(math.prod(x.shape) for x in jax.tree.leaves(run.state.policy))
+  if not run.model_cfg.tie_word_embeddings:
+    total -= run.model_cfg.vocab_size * run.model_cfg.hidden_size
+  return total
+
+
+BUILDERS = {
+  "prefill": prefill_program,
+  "experience": experience_program,
+  "update": update_program,
+}

@@ -83,7 +83,7 @@ def plan_row(model: str, target_name: str) -> dict:
     "remat": remat,
     "tried": tried,
     "programs": program_rows,
-    "state_bytes_per_chip": plan_lib._state_breakdown(run),
+    "state_bytes_per_chip": plan_lib.state_breakdown(run),
     "iteration": plan_lib.iteration(cfg, run, program_rows, target),
     "fits": all(r["fits"] for r in program_rows),
     "chip_hbm_bytes": target.chip.hbm_bytes,

@@ -203,7 +203,7 @@ def iteration(cfg: TrainConfig, run, rows: list[dict], target: Target) -> dict:
   seconds = sum(by[p]["roofline_s"] * n for p, n in times.items())
   # The trainer's own MFU accounting (2n per forward token, 6n per trained token).
   P, N = cfg.task.prompt_length, cfg.rollout.max_new_tokens
-  model_flops = perf.iteration_flops(programs_lib.matmul_params(run), cfg, P, [(P, N)])
+  model_flops = perf.iteration_flops(perf.matmul_params(run), cfg, P, [(P, N)])
   return {
     "flops_per_chip": total("flops"),
     "hbm_bytes_per_chip": total("hbm_bytes"),
@@ -319,7 +319,7 @@ def plan(cfg: TrainConfig, target: Target, *, vocab_size=None, suggestions=True,
       "reference": cfg.uses_reference,
       "critic": cfg.uses_critic,
     },
-    "state_bytes_per_chip": _state_breakdown(run),
+    "state_bytes_per_chip": state_breakdown(run),
     "programs": rows,
     "iteration": iteration(cfg, run, rows, target),
   }
@@ -333,7 +333,8 @@ def plan(cfg: TrainConfig, target: Target, *, vocab_size=None, suggestions=True,
   return report
 
 
-def _state_breakdown(run) -> dict:
+def state_breakdown(run) -> dict:
+  """Bytes per chip of each part of the train state, and of the sampler's KV cache."""
   s = run.state
   out = {
     "params": device_bytes(s.policy),
@@ -341,7 +342,7 @@ def _state_breakdown(run) -> dict:
     "reference": device_bytes(s.ref),
     "critic": device_bytes(s.critic),
   }
-  _, (_, carry, _) = programs_lib.decode_program(run)
+  _, (_, carry, _) = programs_lib.decode_program(run)  # the carry split by rows
   out["kv_cache"] = device_bytes(carry.cache)
   return out
 

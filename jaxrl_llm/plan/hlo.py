@@ -360,11 +360,8 @@ def analyze(text: str) -> Stats:
           stats.add(visit(callee, top_level))
       if op == "fusion":
         for callee in _called(instr.attrs, "calls"):
-          inner = visit(callee, False)
-          stats.flops += inner.flops
-          stats.collectives.update(inner.collectives)
-          stats.collective_counts.update(inner.collective_counts)
-          stats.unknown_loops += inner.unknown_loops
+          inner = visit(callee, False)  # not top level: its traffic is the fusion's own
+          stats.add(inner)
           if "all-reduce-scatter" in callee and not inner.collectives:
             stats.collectives["reduce-scatter"] += operand_bytes
             stats.collective_counts["reduce-scatter"] += 1

@@ -55,15 +55,6 @@ def model_config(cfg: TrainConfig, vocab_size: int | None = None) -> ModelConfig
   return learner_lib.model_config(cfg, vocab_size, eos_id=0)
 
 
-def abstract(tree, shardings):
-  """ShapeDtypeStructs carrying `shardings` (a prefix of `tree`: one per Variable)."""
-  return jax.tree.map(
-    lambda s, a: jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), a),
-    shardings,
-    tree,
-  )
-
-
 @dataclasses.dataclass
 class Run:
   """A configured run's abstract state on a mesh."""
@@ -95,13 +86,10 @@ def abstract_run(cfg: TrainConfig, mesh, model_cfg: ModelConfig) -> Run:
   critic_def, critic = None, None
   if cfg.uses_critic:
     critic_def, critic = nnx.split(nnx.eval_shape(lambda: ValueModel(model_cfg, rngs=nnx.Rngs(0))))
-  optimizers = (
-    state_lib.make_optimizer(cfg, cfg.optim.learning_rate),
-    state_lib.make_optimizer(cfg, cfg.algo.critic_lr),
-  )
+  optimizers = state_lib.make_optimizers(cfg)
   init = functools.partial(state_lib.init_train_state, cfg, optimizers=optimizers, seed=0)
   shapes = jax.eval_shape(init, params, critic)
-  state = abstract(shapes, state_lib.state_shardings(shapes, mesh, optimizers))
+  state = state_lib.with_shardings(shapes, state_lib.state_shardings(shapes, mesh, optimizers))
   eos = model_cfg.eos_token_id
   eos_ids = tuple(eos) if isinstance(eos, (tuple, list)) else (int(eos or 0),)
   return Run(cfg, mesh, model_cfg, policy_def, critic_def, optimizers, state, eos_ids)
@@ -127,28 +115,32 @@ def prefill_program(run: Run):
   B, G = cfg.batch_size, r.group_size
 
   def prefill(params, prompt, mask):
-    with rows_over(run.mesh):
-      return sampler.prefill(
-        nnx.merge(run.policy_def, params),
-        prompt,
-        mask,
-        max_new_tokens=r.max_new_tokens,
-        num_samples=G,
-        pad_id=run.pad_id,
-        cache_dtype=None,
-        mesh=run.mesh,
-      )
+    return sampler.prefill(
+      nnx.merge(run.policy_def, params),
+      prompt,
+      mask,
+      max_new_tokens=r.max_new_tokens,
+      num_samples=G,
+      pad_id=run.pad_id,
+      cache_dtype=None,
+      mesh=run.mesh,
+    )
 
   shape = (B // G, run.prompt_length)
   return jax.jit(prefill), (run.state.policy, run.rows(shape, jnp.int32), run.rows(shape, bool))
+
+
+def carry_shape(run: Run) -> sampler.DecodeCarry:
+  """The decode loop's carry (KV cache included) as ShapeDtypeStructs, without shardings."""
+  prefill, args = prefill_program(run)
+  return jax.eval_shape(prefill, *args)
 
 
 def decode_program(run: Run, carry_shardings=None):
   """One decode step, the body of the sampler's loop, `(jitted, abstract args)`; the carry
   is donated, as the loop updates it in place. `carry_shardings`: the compiled prefill's
   output shardings (default: every carry array split by rows)."""
-  prefill, prefill_args = prefill_program(run)
-  carry_shapes = jax.eval_shape(prefill, *prefill_args)
+  carry_shapes = carry_shape(run)
   if carry_shardings is None:
     carry = jax.tree.map(lambda x: run.rows(x.shape, x.dtype) if x.ndim else x, carry_shapes)
   else:
@@ -183,39 +175,26 @@ def _batch(run: Run) -> step_lib.Batch:
   )
 
 
-def _statics(run: Run) -> dict:
-  return dict(policy_def=run.policy_def, critic_def=run.critic_def, cfg=run.cfg, mesh=run.mesh)
+def _steps(run: Run):
+  return learner_lib.jitted_steps(run.cfg, run.mesh, run.policy_def, run.critic_def, run.optimizers)
 
 
 def experience_program(run: Run):
   """The experience pass (old and reference log-probs, values, advantages)."""
-  fn = jax.jit(functools.partial(step_lib.make_experience, **_statics(run)))
-  return fn, (run.state, _batch(run))
+  return _steps(run)[0], (run.state, _batch(run))
 
 
 def update_program(run: Run):
   """The update: every minibatch's optimizer step; the state is donated."""
-  experience, args = experience_program(run)
-  exp_shapes, _ = jax.eval_shape(experience, *args)
+  experience, update = _steps(run)
+  exp_shapes, _ = jax.eval_shape(experience, run.state, _batch(run))
   exp = jax.tree.map(lambda x: run.rows(x.shape, x.dtype), exp_shapes)
-  fn = jax.jit(
-    functools.partial(step_lib.update, optimizers=run.optimizers, **_statics(run)),
-    donate_argnums=0,
-  )
-  return fn, (run.state, exp)
+  return update, (run.state, exp)
 
 
 def state_argument_bytes(run: Run, name: str) -> int:
   """Bytes per device of a program's arguments that are train state (resident anyway)."""
   return device_bytes(run.state.policy if name in ("prefill", "decode_step") else run.state)
-
-
-def matmul_params(run: Run) -> int:
-  """Parameters each token multiplies by (see `train.perf.matmul_params`)."""
-  total = sum(math.prod(x.shape) for x in jax.tree.leaves(run.state.policy))
-  if not run.model_cfg.tie_word_embeddings:
-    total -= run.model_cfg.vocab_size * run.model_cfg.hidden_size
-  return total
 
 
 BUILDERS = {

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxrl_llm.models.sharding import batch_sharding, batch_size_divisor, rows_over
+from jaxrl_llm.models.sharding import batch_size_divisor, rows_over, split_rows
 from jaxrl_llm.models.transformer import KVCache, init_cache, positions_from_mask
 
 
@@ -140,44 +140,34 @@ def decode_step(carry: DecodeCarry, model, unembedding_VxD, key, eos_ids, sampli
   )
 
 
-def _row_constraint(mesh):
-  """Splits an array's leading (row) axis over the mesh's batch axes, where it divides."""
-
-  def constrain(x):
-    if mesh is None or x.shape[0] % batch_size_divisor(mesh):
-      return x
-    return jax.lax.with_sharding_constraint(x, batch_sharding(mesh, x.ndim))
-
-  return constrain
-
-
 def prefill(
   model, prompt_BxP, prompt_mask_BxP, *, max_new_tokens, num_samples, pad_id, cache_dtype, mesh
 ) -> DecodeCarry:
   """The decode loop's first carry: each prompt is prefilled once into a cache of
   P + max_new_tokens slots, whose rows and next-token logits are then repeated for its
-  `num_samples` completions. (Its own program in `jaxrl_llm.plan`.)"""
-  constrain = _row_constraint(mesh)
+  `num_samples` completions. Rows are split over `mesh`'s batch axes where they divide.
+  (Its own program in `jaxrl_llm.plan`.)"""
 
   def repeat(x):  # prompt i's row to rows i*G .. i*G+G-1
-    return constrain(jnp.repeat(x, num_samples, axis=0))
+    return split_rows(jnp.repeat(x, num_samples, axis=0))
 
-  prompt_mask_BxP = constrain(prompt_mask_BxP.astype(bool))
-  B, P = prompt_BxP.shape[0] * num_samples, prompt_BxP.shape[1]
-  N = max_new_tokens
-  cache = init_cache(model.cfg, B // num_samples, P + N, cache_dtype)
-  positions_BxP = positions_from_mask(prompt_mask_BxP)
-  hidden, cache = model.decoder(constrain(prompt_BxP), positions_BxP, prompt_mask_BxP, cache)
-  logits_BxV = model.unembed(hidden[:, -1:], model.unembedding_VxD())[:, 0]  # last token only
-  return DecodeCarry(
-    step=jnp.zeros((), jnp.int32),
-    logits_BxV=repeat(logits_BxV),
-    cache=cache.map_rows(repeat),
-    tokens_BxN=constrain(jnp.full((B, N), pad_id, jnp.int32)),
-    logprobs_BxN=constrain(jnp.zeros((B, N), jnp.float32)),
-    done_B=constrain(jnp.zeros((B,), bool)),
-    next_pos_B=repeat(positions_BxP[:, -1] + 1),
-  )
+  with rows_over(mesh):
+    prompt_mask_BxP = split_rows(prompt_mask_BxP.astype(bool))
+    B, P = prompt_BxP.shape[0] * num_samples, prompt_BxP.shape[1]
+    N = max_new_tokens
+    cache = init_cache(model.cfg, B // num_samples, P + N, cache_dtype)
+    positions_BxP = positions_from_mask(prompt_mask_BxP)
+    hidden, cache = model.decoder(split_rows(prompt_BxP), positions_BxP, prompt_mask_BxP, cache)
+    logits_BxV = model.unembed(hidden[:, -1:], model.unembedding_VxD())[:, 0]  # last token
+    return DecodeCarry(
+      step=jnp.zeros((), jnp.int32),
+      logits_BxV=repeat(logits_BxV),
+      cache=cache.map_rows(repeat),
+      tokens_BxN=split_rows(jnp.full((B, N), pad_id, jnp.int32)),
+      logprobs_BxN=split_rows(jnp.zeros((B, N), jnp.float32)),
+      done_B=split_rows(jnp.zeros((B,), bool)),
+      next_pos_B=repeat(positions_BxP[:, -1] + 1),
+    )
 
 
 @functools.partial(
@@ -207,37 +197,8 @@ def _generate(
   cache_dtype,
   mesh,
 ):
-  with rows_over(mesh):
-    return _sample(
-      nnx.merge(graphdef, params),
-      prompt_BxP,
-      prompt_mask_BxP,
-      rng,
-      eos_ids,
-      max_new_tokens=max_new_tokens,
-      num_samples=num_samples,
-      sampling=sampling,
-      pad_id=pad_id,
-      cache_dtype=cache_dtype,
-      mesh=mesh,
-    )
-
-
-def _sample(
-  model,
-  prompt_BxP,
-  prompt_mask_BxP,
-  rng,
-  eos_ids,
-  *,
-  max_new_tokens,
-  num_samples,
-  sampling,
-  pad_id,
-  cache_dtype,
-  mesh,
-):
   N = max_new_tokens
+  model = nnx.merge(graphdef, params)
   carry = prefill(
     model,
     prompt_BxP,
@@ -257,7 +218,8 @@ def _sample(
     sampling=sampling,
     pad_id=pad_id,
   )
-  carry = jax.lax.while_loop(lambda c: (c.step < N) & ~jnp.all(c.done_B), step, carry)
+  with rows_over(mesh):
+    carry = jax.lax.while_loop(lambda c: (c.step < N) & ~jnp.all(c.done_B), step, carry)
   # A row's mask covers its tokens up to and including its first EOS.
   is_eos_BxN = jnp.isin(carry.tokens_BxN, eos_ids) & (jnp.arange(N) < carry.step)
   eos_before_BxN = jnp.cumsum(is_eos_BxN, axis=-1) - is_eos_BxN

@@ -47,6 +47,17 @@ def model_config(cfg: TrainConfig, vocab_size: int, eos_id: int) -> ModelConfig:
   )
 
 
+def jitted_steps(cfg: TrainConfig, mesh, policy_def, critic_def, optimizers):
+  """The jitted experience pass and update the trainer runs (the update donates the state);
+  `jaxrl_llm.plan` compiles the same two."""
+  statics = dict(policy_def=policy_def, critic_def=critic_def, cfg=cfg, mesh=mesh)
+  experience = jax.jit(functools.partial(step_lib.make_experience, **statics))
+  update = jax.jit(
+    functools.partial(step_lib.update, optimizers=optimizers, **statics), donate_argnums=0
+  )
+  return experience, update
+
+
 class Learner:
   """The policy (and critic) on a mesh, the TrainState, and jitted experience/update steps."""
 
@@ -92,15 +103,10 @@ class Learner:
         nnx.eval_shape(lambda: ValueModel(self.model_cfg, rngs=nnx.Rngs(0)))
       )
     self.policy = policy
-    self.optimizers = (
-      state_lib.make_optimizer(cfg, cfg.optim.learning_rate),
-      state_lib.make_optimizer(cfg, cfg.algo.critic_lr),
-    )
+    self.optimizers = state_lib.make_optimizers(cfg)
     self.state = None
-    statics = dict(policy_def=self.policy_def, critic_def=self.critic_def, cfg=cfg, mesh=mesh)
-    self._experience = jax.jit(functools.partial(step_lib.make_experience, **statics))
-    self._update = jax.jit(
-      functools.partial(step_lib.update, optimizers=self.optimizers, **statics), donate_argnums=0
+    self._experience, self._update = jitted_steps(
+      cfg, mesh, self.policy_def, self.critic_def, self.optimizers
     )
 
   def _init_params(self, make_module):
@@ -140,12 +146,7 @@ class Learner:
     if self.cfg.uses_critic:
       critic = nnx.split(nnx.eval_shape(lambda: ValueModel(self.model_cfg, rngs=nnx.Rngs(0))))[1]
     abstract = jax.eval_shape(self._state_init(), self.policy, critic)
-    shardings = self._shardings(abstract)
-    return jax.tree.map(
-      lambda s, a: jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), a),
-      shardings,
-      abstract,
-    )
+    return state_lib.with_shardings(abstract, self._shardings(abstract))
 
   def shard_batch(self, tree):
     """Global batch-sharded arrays from this process's rows (all rows with one process)."""

@@ -66,6 +66,21 @@ def make_optimizer(cfg: TrainConfig, peak_lr: float) -> optax.GradientTransforma
   return optax.apply_if_finite(inner, max_consecutive_errors=NO_LIMIT)
 
 
+def make_optimizers(cfg: TrainConfig) -> tuple:
+  """The policy's and the critic's optimizers, at their configured peak learning rates."""
+  return make_optimizer(cfg, cfg.optim.learning_rate), make_optimizer(cfg, cfg.algo.critic_lr)
+
+
+def with_shardings(tree, shardings):
+  """ShapeDtypeStructs of `tree`'s arrays carrying `shardings` (a prefix of `tree`, such as
+  one sharding per Variable of a state)."""
+  return jax.tree.map(
+    lambda s, a: jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), a),
+    shardings,
+    tree,
+  )
+
+
 def applied_updates(opt_state: optax.OptState) -> jax.Array:
   """How many updates an optimizer from `make_optimizer` has applied: its learning-rate
   schedule's step count, which neither a skipped (non-finite) update nor a held one

@@ -5,18 +5,21 @@
 
 Workload: experiments/plan_grpo.py (GRPO with a reference model, 16 x 16 completions,
 512 + 2048 tokens, bf16 compute over float32 master weights, scanned layers, chunked
-log-probs and attention). Per row the mesh is FSDP over every chip, and the planner is run
-with micro-batches of 16, 8, 4, 2 and 1 rows (more micro-batches: less memory per pass)
-without remat, then with `model.remat=full`, until every program fits; the first setting
-that fits is the row (or the last tried, marked as not fitting). The sampler's two programs
-do not depend on either knob and are compiled once per row. Each row's full report is
-written to results/plan/<model>_<target>.json, and one line per row appended to
-results/plan/table.jsonl. These are compile-time figures, not timings.
+log-probs and attention). Per row the mesh is FSDP over every chip and a micro-batch holds
+one row per chip (the smallest that still splits over the mesh). The update step, the
+program that needs the most memory, is compiled without remat, then with
+`model.remat=full`, then with the log-probs' vocabulary-sized chunk halved and quartered,
+until it fits; the first setting that fits is the row (or the last tried, marked as not
+fitting). A run whose train state alone exceeds the chip's HBM is compiled once, with
+remat. The sampler and the experience pass are then compiled at the chosen setting. Each
+row's full report is written to results/plan/<model>_<target>.json, and one line per row
+appended to results/plan/table.jsonl. These are compile-time figures, not timings.
 """
 
 import argparse
 import json
 import os
+import re
 import time
 from pathlib import Path
 
@@ -30,17 +33,22 @@ from jaxrl_llm.train import from_config_dict  # noqa: E402
 
 MODELS = ["qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b", "llama-3.1-8b"]
 TARGETS = ["v5e-8", "v5e-16", "v5p-8", "v6e-8", "h100x8", "h200x8"]
-MICRO_ROWS = [16, 8, 4, 2, 1]
+CHUNK = 2048  # experiments/plan_grpo.py's model.logprob_chunk_tokens
 OUT = Path(__file__).parent / "results" / "plan"
 GiB = 2**30
 
 
-def config(model: str, chips: int, micro_rows: int, remat: str):
+def config(model: str, chips: int, micro_rows: int, remat: str, chunk: int = CHUNK):
   c = get_config()
-  c.model.update(path=f"experiments/plan_models/{model}", remat=remat)
+  c.model.update(path=f"experiments/plan_models/{model}", remat=remat, logprob_chunk_tokens=chunk)
   c.mesh.update(data=-1, fsdp=chips)
   c.algo.update(micro_batches=c.rollout.prompts_per_step * c.rollout.group_size // micro_rows)
   return from_config_dict(c)
+
+
+# (remat, log-prob chunk) in the order tried, the first that fits is the row: no remat, then
+# `model.remat=full`, then the log-probs' vocabulary-sized chunk halved, twice.
+SETTINGS = [("none", CHUNK), ("full", CHUNK), ("full", CHUNK // 2), ("full", CHUNK // 4)]
 
 
 def plan_row(model: str, target_name: str) -> dict:
@@ -48,31 +56,35 @@ def plan_row(model: str, target_name: str) -> dict:
   devices = plan_lib.target_devices(target)
   start = time.perf_counter()
   log = lambda line: print(f"[{model} {target_name}] {line}", flush=True)
-  first = config(model, target.devices, MICRO_ROWS[0], "none")
-  model_cfg = programs_lib.model_config(first)
-  run, sampler_rows = plan_lib.compile_run(
-    first, target, devices, model_cfg, only=("prefill", "decode_step"), log=log
+  compile_train = lambda cfg, only: plan_lib.compile_run(
+    cfg, target, devices, programs_lib.model_config(cfg), only=only, log=log
+  )[1]
+  first = config(model, target.devices, target.devices, "none")
+  run = programs_lib.abstract_run(
+    first, plan_lib.run_mesh(first, devices), programs_lib.model_config(first)
   )
+  resident = programs_lib.device_bytes(run.state)
   tried = []
-  for remat in ("none", "full"):
-    for rows in MICRO_ROWS:
-      cfg = config(model, target.devices, rows, remat)
-      log(f"micro-batches of {rows} rows, remat {remat}")
-      _, train_rows = plan_lib.compile_run(
-        cfg,
-        target,
-        devices,
-        programs_lib.model_config(cfg),
-        only=("experience", "update"),
-        log=log,
-      )
-      fits = all(r["fits"] for r in train_rows)
-      tried.append({"micro_batch_rows": rows, "remat": remat, "fits": fits})
-      if fits:
-        break
-    if fits:
+  rows = target.devices  # one row per chip per micro-batch
+  for remat, chunk in SETTINGS:
+    if resident > target.chip.hbm_bytes and (remat, chunk) != ("full", CHUNK):
+      continue  # the state alone does not fit: only one setting is compiled
+    log(f"update with micro-batches of {rows} rows, remat {remat}, log-prob chunk {chunk}")
+    update = compile_train(config(model, target.devices, rows, remat, chunk), ("update",))
+    tried.append({"remat": remat, "logprob_chunk_tokens": chunk, "fits": update[0]["fits"]})
+    if update[0]["fits"] or resident > target.chip.hbm_bytes:
       break
-  program_rows = sampler_rows + train_rows
+  cfg = config(model, target.devices, rows, remat, chunk)
+  log(f"sampler and experience at {rows} rows, remat {remat}, log-prob chunk {chunk}")
+  run, others = plan_lib.compile_run(
+    cfg,
+    target,
+    devices,
+    programs_lib.model_config(cfg),
+    only=("prefill", "decode_step", "experience"),
+    log=log,
+  )
+  program_rows = others + update
   report = {
     "model": model,
     "target": target_name,
@@ -81,6 +93,7 @@ def plan_row(model: str, target_name: str) -> dict:
     "mesh": dict(run.mesh.shape),
     "micro_batch_rows": rows,
     "remat": remat,
+    "logprob_chunk_tokens": chunk,
     "tried": tried,
     "programs": program_rows,
     "state_bytes_per_chip": plan_lib.state_breakdown(run),
@@ -97,9 +110,10 @@ def plan_row(model: str, target_name: str) -> dict:
 def table(rows: list[dict]) -> str:
   newest = {(r["model"], r["target"]): r for r in rows}
   lines = [
-    "| model | target | mesh (data, fsdp, tensor) | micro-batch rows | remat | peak per chip "
-    "| HBM per chip | fits | est. iteration | MFU at that time |",
-    "|---|---|---|---|---|---|---|---|---|---|",
+    "| model | target | mesh (data, fsdp, tensor) | micro-batch rows | remat | log-prob chunk "
+    "| train state per chip | peak per chip | HBM per chip | fits "
+    "| est. iteration (compute-bound) | MFU at that time |",
+    "|---|---|---|---|---|---|---|---|---|---|---|---|",
   ]
   for model in MODELS:
     for target in TARGETS:
@@ -108,14 +122,18 @@ def table(rows: list[dict]) -> str:
         continue
       mesh = ", ".join(str(r["mesh"][k]) for k in ("data", "fsdp", "tensor"))
       it = r.get("iteration") or {}
-      peaks = [p["peak_bytes"] for p in r["programs"] if "peak_bytes" in p]
+      state = sum(v for k, v in r["state_bytes_per_chip"].items() if k != "kv_cache")
+      peaks = [p["peak_bytes"] for p in r["programs"] if p.get("peak_bytes") is not None]
       peak = f"{max(peaks) / GiB:.1f} GiB" if peaks else "-"
-      if not r["fits"] and any("error" in p for p in r["programs"]):
-        peak = "refused by the compiler"
-      est = f"{it['estimate_s']:.0f} s" if it else "-"
+      errors = [p["error"] for p in r["programs"] if p.get("error")]
+      if errors:  # the TPU compiler's refusal says how much it needed
+        need = re.search(r"temporaries \(([\d.]+)G\)", errors[0])
+        peak = "refused" + (f": {need.group(1)} G of temporaries" if need else "")
+      est = f"{it['estimate_s']:.0f} s ({it['compute_bound_s']:.0f} s)" if it else "-"
       mfu = f"{100 * it['mfu']:.0f}%" if it else "-"
       lines.append(
-        f"| {model} | {target} | {mesh} | {r['micro_batch_rows']} | {r['remat']} | {peak} "
+        f"| {model} | {target} | {mesh} | {r['micro_batch_rows']} | {r['remat']} "
+        f"| {r.get('logprob_chunk_tokens', CHUNK)} | {state / GiB:.1f} GiB | {peak} "
         f"| {r['chip_hbm_bytes'] / GiB:.0f} GiB | {'yes' if r['fits'] else 'no'} | {est} | {mfu} |"
       )
   return "\n".join(lines)

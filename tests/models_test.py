@@ -23,6 +23,7 @@ from jaxrl_llm.models import (
   logical_axes,
   positions_from_mask,
   save_model,
+  transformer,
 )
 from jaxrl_llm.models.transformer import LOGICAL_AXES
 
@@ -141,6 +142,27 @@ def test_kv_cache_decoding_equals_full_forward(prompt_len):
   valid = np.asarray(mask, bool)
   np.testing.assert_allclose(np.asarray(incremental)[valid], np.asarray(full)[valid], atol=1e-5)
   assert int(cache.index) == L
+
+
+@pytest.mark.parametrize(
+  "equation, a_shape, b_shape",
+  [
+    ("bkglh,bkhs->bkgls", (2, 3, 2, 1, 8), (2, 3, 8, 5)),  # scores over transposed keys
+    ("bkglh,bksh->bkgls", (2, 3, 2, 1, 8), (2, 3, 5, 8)),
+    ("bkgls,bksh->bkglh", (2, 3, 2, 1, 5), (2, 3, 5, 8)),  # probabilities times values
+  ],
+)
+def test_one_query_product_sum_equals_the_matmul(equation, a_shape, b_shape):
+  # A decode step's attention is a product-sum on CPU and a matmul elsewhere: both the same.
+  ka, kb = jax.random.split(jax.random.key(0))
+  a = jax.random.normal(ka, a_shape).astype(jnp.bfloat16)
+  b = jax.random.normal(kb, b_shape).astype(jnp.bfloat16)
+  got = transformer._product_sum(equation, a, b)
+  want = jnp.einsum(equation, a, b, preferred_element_type=jnp.float32)
+  assert got.dtype == want.dtype == jnp.float32
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6, atol=1e-6)
+  with pytest.raises(ValueError, match="no product-sum"):
+    transformer._product_sum("bkgls,bkhs->bkglh", a, b)
 
 
 def test_shared_prompt_forward_equals_one_prompt_per_row():

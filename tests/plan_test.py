@@ -4,6 +4,9 @@ installed), one that fits and one made too large to."""
 
 import importlib.util
 import json
+import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -46,6 +49,19 @@ def test_unknown_targets_name_the_flag():
     resolve("v5e-8", num_slices=0)
 
 
+def test_cli_reads_num_slices_and_names_the_flag_on_bad_values():
+  run = lambda *flags: subprocess.run(
+    [sys.executable, "-m", "jaxrl_llm.plan", "--target", "v5e-8", *flags],
+    capture_output=True,
+    text=True,
+    env={**os.environ, "JAX_PLATFORMS": "cpu"},
+  )
+  for flag in (["--num-slices", "0"], ["--num_slices=0"]):
+    result = run(*flag)
+    assert result.returncode != 0
+    assert "config error: --num-slices must be >= 1, got 0." in result.stderr
+
+
 def test_hlo_walk_multiplies_loop_bodies_by_their_trip_counts():
   w = jnp.ones((10, 256, 128), jnp.float32)
   x = jnp.ones((8, 256), jnp.float32)
@@ -75,6 +91,67 @@ def test_hlo_walk_counts_collectives(data_mesh):
 def test_shape_bytes():
   assert hlo.shape_bytes("bf16[4,8]{1,0}") == 64
   assert hlo.shape_bytes("(f32[2,3]{1,0}, s32[], pred[5])") == 24 + 4 + 5
+  # HBM traffic skips arrays a TPU keeps in another memory space (S(1): on-chip VMEM).
+  tpu = "(f32[2,3]{1,0:T(8,128)}, f32[2,7]{1,0:T(8,128)S(1)}, s32[]{:T(128)S(6)}, bf16[4])"
+  assert hlo.hbm_bytes(tpu) == 24 + 8
+  assert hlo.shape_bytes(tpu) == 24 + 56 + 4 + 8
+
+
+def test_fusion_traffic_leaves_out_on_chip_buffers():
+  text = """
+%fused (p0: f32[64,64], p1: f32[64,64]) -> (f32[64,64], f32[64,64]) {
+  %p0 = f32[64,64]{1,0} parameter(0)
+  %p1 = f32[64,64]{1,0} parameter(1)
+  %a = f32[64,64]{1,0} add(%p0, %p1)
+  %m = f32[64,64]{1,0} multiply(%p0, %p1)
+  ROOT %t = (f32[64,64]{1,0}, f32[64,64]{1,0}) tuple(%a, %m)
+}
+
+ENTRY %main (x: f32[64,64], y: f32[64,64]) -> f32[64,64] {
+  %x = f32[64,64]{1,0:T(8,128)} parameter(0)
+  %y = f32[64,64]{1,0:T(8,128)S(1)} parameter(1)
+  %f = (f32[64,64]{1,0:T(8,128)}, f32[64,64]{1,0:T(8,128)S(1)}) fusion(%x, %y), kind=kLoop, calls=%fused
+  ROOT %g = f32[64,64]{1,0:T(8,128)} get-tuple-element(%f), index=0
+}
+"""
+  # x read from HBM and one result written to it; y and the other result stay in VMEM.
+  assert hlo.analyze(text).hbm_bytes == 2 * 64 * 64 * 4
+
+
+def test_async_collective_chain_is_counted_once():
+  # A collective split over a chain of fusions that thread its operand and destination
+  # through: the gather's buffer is written once, the pass-through buffers move nothing.
+  text = """
+%start_body (s0: bf16[4,64]) -> (bf16[4,64], bf16[32,64]) {
+  %s0 = bf16[4,64]{1,0} parameter(0)
+  %g0 = bf16[32,64]{1,0} all-gather(%s0), dimensions={0}, replica_groups=[1,8]<=[8]
+  ROOT %t0 = (bf16[4,64]{1,0}, bf16[32,64]{1,0}) tuple(%s0, %g0)
+}
+
+%step_body (q0: bf16[4,64], q1: bf16[32,64], x: f32[8]) -> (f32[8], bf16[4,64], bf16[32,64]) {
+  %q0 = bf16[4,64]{1,0} parameter(0)
+  %q1 = bf16[32,64]{1,0} parameter(1)
+  %x = f32[8]{0} parameter(2)
+  %y = f32[8]{0} multiply(%x, %x)
+  %g1 = bf16[32,64]{1,0} all-gather(%q0), dimensions={0}, replica_groups=[1,8]<=[8]
+  ROOT %t1 = (f32[8]{0}, bf16[4,64]{1,0}, /*index=2*/bf16[32,64]{1,0}) tuple(%y, %q0, %g1)
+}
+
+ENTRY %main (shard: bf16[4,64], v: f32[8]) -> f32[8] {
+  %shard = bf16[4,64]{1,0} parameter(0)
+  %v = f32[8]{0} parameter(1)
+  %a = (bf16[4,64]{1,0}, bf16[32,64]{1,0}) fusion(%shard), kind=kCustom, calls=%start_body
+  %a0 = bf16[4,64]{1,0} get-tuple-element(%a), index=0
+  %a1 = bf16[32,64]{1,0} get-tuple-element(%a), index=1
+  %b = (f32[8]{0}, bf16[4,64]{1,0}, bf16[32,64]{1,0}) fusion(%a0, %a1, /*index=2*/%v), kind=kCustom, calls=%step_body
+  ROOT %r = f32[8]{0} get-tuple-element(%b), index=0
+}
+"""
+  stats = hlo.analyze(text)
+  assert stats.collective_counts["all-gather"] == 1
+  assert stats.collectives["all-gather"] == 32 * 64 * 2
+  # start: the shard read and the gathered buffer written; step: v read and y written.
+  assert stats.hbm_bytes == 4 * 64 * 2 + 32 * 64 * 2 + 8 * 4 + 8 * 4
 
 
 def _tiny(**overrides):

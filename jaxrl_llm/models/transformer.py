@@ -230,18 +230,29 @@ class Attention(nnx.Module):
 
 
 def _contract(equation, a, b):
-  """`einsum(equation, a, b)` in float32. With one query slot (a decode step) it is written
-  as a product and a sum, which XLA fuses into one loop: its CPU backend ran the batched
-  matmul over `B x K` tiny matrices several times slower."""
+  """`einsum(equation, a, b)` in float32. With one query slot (a decode step) on CPU it is
+  `_product_sum`: XLA's CPU backend ran the batched matmul over `B x K` tiny matrices several
+  times slower. Other backends keep the matmul, which reads the bfloat16 cache as it lies
+  (with the product-sum the TPU compiler wrote a float32 copy of every layer's cache on
+  every step)."""
+  einsum = lambda a, b: jnp.einsum(equation, a, b, preferred_element_type=jnp.float32)
   if a.shape[-2] != 1:
-    return jnp.einsum(equation, a, b, preferred_element_type=jnp.float32)
+    return einsum(a, b)
+  product_sum = functools.partial(_product_sum, equation)
+  return jax.lax.platform_dependent(a, b, cpu=product_sum, default=einsum)
+
+
+def _product_sum(equation, a, b):
+  """`_contract`'s three one-query contractions as a product and a sum in float32, which XLA
+  fuses into one loop."""
   a32, b32 = a.astype(jnp.float32), b.astype(jnp.float32)
   if equation == "bkglh,bkhs->bkgls":  # b is the cache's [B, K, H, S] keys
     return jnp.sum(a32[..., :, :, None] * b32[:, :, None, None], axis=-2)
   if equation == "bkglh,bksh->bkgls":
     return jnp.sum(a32[..., :, None, :] * b32[:, :, None, None], axis=-1)
-  # "bkgls,bksh->bkglh": probabilities times values
-  return jnp.sum(a32[..., :, :, None] * b32[:, :, None, None], axis=-2)
+  if equation == "bkgls,bksh->bkglh":  # probabilities times values
+    return jnp.sum(a32[..., :, :, None] * b32[:, :, None, None], axis=-2)
+  raise ValueError(f"no product-sum for {equation!r}")
 
 
 def _in_query_chunks(attend, q_BxKxGxLxH, q_slot_L, chunk):

@@ -23,6 +23,7 @@ _TARGET = flags.DEFINE_string(
   "target", None, "v5e-8, v5e-16, v5e:4x4, v5litepod-16, v5p-8, v6e-8, v4-8, h100x8, h200x8, ..."
 )
 _SLICES = flags.DEFINE_integer("num_slices", 1, "Slices joined over DCN (data parallel).")
+flags.DEFINE_alias("num-slices", "num_slices")
 _JSON = flags.DEFINE_string("json", None, "Also write the report to this JSON file.")
 _SUGGEST = flags.DEFINE_bool("suggest", True, "Recompile what does not fit with knobs turned.")
 

@@ -29,6 +29,9 @@ _DTYPE_BYTES = {
   "f8e4m3fn": 1, "f8e5m2": 1, "f8e4m3fnuz": 1, "f8e5m2fnuz": 1, "f8e4m3b11fnuz": 1,
 }  # fmt: skip
 _ARRAY = re.compile(r"\b([a-z]+[0-9a-z]*)\[([0-9,]*)\]")
+_ARRAY_LAYOUT = re.compile(r"\b([a-z]+[0-9a-z]*)\[([0-9,]*)\](\{[^}]*\})?")
+_SPACE = re.compile(r"S\((\d+)\)")
+_COMMENT = re.compile(r"/\*.*?\*/")  # such as /*index=5*/ in long operand lists
 _HEADER = re.compile(r"^(ENTRY\s+)?%?([^\s(]+)\s*\(.*\)\s*->\s*.*\{\s*$")
 _FREE = {
   "parameter", "get-tuple-element", "tuple", "bitcast", "constant", "after-all",
@@ -78,6 +81,17 @@ def shape_bytes(shape: str) -> float:
   return sum(_DTYPE_BYTES[dt] * math.prod(dims) for dt, dims in _dims(shape))
 
 
+def hbm_bytes(shape: str) -> float:
+  """Bytes of an HLO shape that live in HBM: arrays whose layout names another memory space
+  (`S(1)` is a TPU's on-chip VMEM, `S(5)` host memory, ...) move no HBM bytes."""
+  return sum(
+    _DTYPE_BYTES[dt] * math.prod(int(d) for d in dims.split(",") if d)
+    for dt, dims, layout in _ARRAY_LAYOUT.findall(shape)
+    if dt in _DTYPE_BYTES
+    and int(_SPACE.search(layout).group(1) if _SPACE.search(layout) else 0) == 0
+  )
+
+
 def _balanced(text: str, start: int) -> int:
   """Index just past the bracket group opening at `start`."""
   depth = 0
@@ -93,7 +107,7 @@ def _balanced(text: str, start: int) -> int:
 
 
 def _instruction(line: str) -> Instr | None:
-  line = line.strip()
+  line = _COMMENT.sub("", line).strip()
   root = line.startswith("ROOT ")
   line = line.removeprefix("ROOT ").strip()
   if not line.startswith("%") or " = " not in line:
@@ -278,48 +292,76 @@ def _collective_kind(opcode: str) -> str | None:
 
 
 def _sliced_traffic(instr: Instr, shapes: dict[str, str]) -> float | None:
-  """Bytes a slice or an in-place update moves (not its whole buffer); None otherwise."""
+  """HBM bytes a slice or an in-place update moves (not its whole buffer); None otherwise."""
   if instr.opcode == "dynamic-slice":
-    return 2 * shape_bytes(instr.shape)
+    return 2 * hbm_bytes(instr.shape)
   if instr.opcode == "dynamic-update-slice" and len(instr.operands) > 1:
-    return 2 * shape_bytes(shapes.get(instr.operands[1], ""))
+    return 2 * hbm_bytes(shapes.get(instr.operands[1], ""))
   return None
+
+
+def _passthrough(fused: list[Instr]) -> set[str]:
+  """Parameters of a fused computation that nothing in it reads: returned unchanged by its
+  root tuple, or unused. The TPU compiler splits an async collective into a chain of fusions
+  that thread its operand and destination buffer through (each doing a share of the
+  collective beside other work); such buffers are not read by the fusions they pass through."""
+  root = next((i for i in fused if i.root), None)
+  used = {o for i in fused if i is not root or i.opcode != "tuple" for o in i.operands}
+  return {i.name for i in fused if i.opcode == "parameter" and i.name not in used}
+
+
+def _continuation(instr: Instr, fused: list[Instr], passthrough: set[str]) -> bool:
+  """A collective in such a chain after its first fusion: its destination buffer (a
+  pass-through parameter of the same shape) already exists, so it was counted there."""
+  shape = _dims(instr.shape)
+  return any(_dims(i.shape) == shape for i in fused if i.name in passthrough)
 
 
 def _fusion_traffic(instr: Instr, shapes: dict[str, str], fused: list[Instr]) -> float:
   """A fusion's HBM traffic: each operand read once and the result written once, except
-  that an operand the fusion only slices is read slice by slice, and a buffer it updates in
+  that an operand the fusion only slices is read slice by slice, a buffer it updates in
   place (a dynamic-update-slice root, as for a KV cache or a scan's stacked outputs) moves
-  only the update."""
+  only the update, buffers it passes through (`_passthrough`) move nothing, and neither do
+  operands and results in on-chip memory."""
   inner = {i.name: i for i in fused}
+  passthrough = _passthrough(fused)
   users: dict[str, list[tuple[Instr, int]]] = {}
   for i in fused:
     for k, o in enumerate(i.operands):
       users.setdefault(o, []).append((i, k))
+  # A chain's later collectives read their share of an operand the first one counted.
+  later = {
+    i.name for i in fused if _collective_kind(i.opcode) and _continuation(i, fused, passthrough)
+  }
   total = 0.0
   for p in (i for i in fused if i.opcode == "parameter"):
+    readers = [u for u, _ in users.get(p.name, []) if not (u.root and u.opcode == "tuple")]
+    if p.name in passthrough or (readers and all(u.name in later for u in readers)):
+      continue
     index = int(p.operands[0]) if p.operands and p.operands[0].isdigit() else -1
-    full = shape_bytes(shapes.get(instr.operands[index], "")) if index >= 0 else 0.0
+    outer = shapes.get(instr.operands[index], "") if 0 <= index < len(instr.operands) else ""
     uses = users.get(p.name, [])
     if uses and all(u.opcode == "dynamic-slice" and k == 0 for u, k in uses):
-      total += sum(shape_bytes(u.shape) for u, _ in uses)
+      if hbm_bytes(outer):
+        total += sum(shape_bytes(u.shape) for u, _ in uses)
     elif uses and all(u.opcode == "dynamic-update-slice" and k == 0 for u, k in uses):
       continue  # the buffer updated in place: counted with the result
     else:
-      total += full
+      total += hbm_bytes(outer)
   root = next((i for i in fused if i.root), None)
-  outputs = (
-    [root]
-    if root is not None and root.opcode != "tuple"
-    else [inner[o] for o in (root.operands if root is not None else []) if o in inner]
-  )
-  if not outputs:
-    return total + shape_bytes(instr.shape)
-  for out in outputs:
-    if out.opcode == "dynamic-update-slice" and len(out.operands) > 1:
-      total += 2 * shape_bytes(inner[out.operands[1]].shape) if out.operands[1] in inner else 0
+  tuple_root = root is not None and root.opcode == "tuple"
+  outputs = [inner.get(o) for o in root.operands] if tuple_root else [root]
+  results = _split_top(instr.shape.strip()[1:-1]) if tuple_root else [instr.shape]
+  if root is None or len(results) != len(outputs):
+    return total + hbm_bytes(instr.shape)
+  for out, result in zip(outputs, results, strict=True):
+    if not hbm_bytes(result) or out is None or out.opcode == "parameter" or out.name in later:
+      continue  # on chip, returned unchanged (aliased), or a later share of a collective
+    if out.opcode == "dynamic-update-slice" and out.operands[1:2]:
+      update = inner.get(out.operands[1])
+      total += 2 * shape_bytes(update.shape) if update is not None else 0
     else:
-      total += shape_bytes(out.shape)
+      total += hbm_bytes(result)
   return total
 
 
@@ -335,6 +377,7 @@ def analyze(text: str) -> Stats:
     stats = Stats()
     instrs = computations.get(name, [])
     shapes = {i.name: i.shape for i in instrs}
+    passthrough = set() if top_level else _passthrough(instrs)
     for instr in instrs:
       op = instr.opcode
       operand_bytes = sum(shape_bytes(shapes.get(o, "")) for o in instr.operands)
@@ -372,6 +415,8 @@ def analyze(text: str) -> Stats:
       elif op == "custom-call" and re.search(r'custom_call_target="__cublas', instr.attrs):
         stats.flops += _gemm_call_flops(instr, shapes)
       kind = _collective_kind(op)
+      if kind and not top_level and _continuation(instr, instrs, passthrough):
+        kind = None  # counted in the chain's first fusion
       if kind:
         moved = operand_bytes
         if kind == "all-gather":  # an async start's shape is (operand, result)
@@ -388,7 +433,8 @@ def analyze(text: str) -> Stats:
         elif sliced is not None:
           stats.hbm_bytes += sliced
         else:
-          stats.hbm_bytes += operand_bytes + shape_bytes(instr.shape)
+          stats.hbm_bytes += sum(hbm_bytes(shapes.get(o, "")) for o in instr.operands)
+          stats.hbm_bytes += hbm_bytes(instr.shape)
     memo[key] = stats
     return stats
 

@@ -22,6 +22,7 @@ from jaxrl_llm.models import CausalLM, ModelConfig, ValueModel
 from jaxrl_llm.models.config import from_hf_config
 from jaxrl_llm.models.hf import read_config
 from jaxrl_llm.models.sharding import batch_sharding, batch_size_divisor, rows_over
+from jaxrl_llm.models.transformer import LayerCache
 from jaxrl_llm.rollout import sampler
 from jaxrl_llm.train import learner as learner_lib
 from jaxrl_llm.train import state as state_lib
@@ -73,11 +74,13 @@ class Run:
   def prompt_length(self) -> int:
     return self.cfg.task.prompt_length
 
-  def rows(self, shape, dtype):
-    """A batch-sharded abstract array (replicated when the rows do not divide)."""
-    divides = shape[0] % batch_size_divisor(self.mesh) == 0
-    sharding = batch_sharding(self.mesh, len(shape)) if divides else NamedSharding(self.mesh, P())
-    return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
+  def rows(self, shape, dtype, axis: int = 0):
+    """An abstract array with its rows (axis `axis`) over the batch axes (replicated when
+    the rows do not divide)."""
+    spec = P()
+    if shape[axis] % batch_size_divisor(self.mesh) == 0:
+      spec = P(*[None] * axis, *batch_sharding(self.mesh, len(shape) - axis).spec)
+    return jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(self.mesh, spec))
 
 
 def abstract_run(cfg: TrainConfig, mesh, model_cfg: ModelConfig) -> Run:
@@ -142,7 +145,11 @@ def decode_program(run: Run, carry_shardings=None):
   output shardings (default: every carry array split by rows)."""
   carry_shapes = carry_shape(run)
   if carry_shardings is None:
-    carry = jax.tree.map(lambda x: run.rows(x.shape, x.dtype) if x.ndim else x, carry_shapes)
+    rows = lambda x, axis=0: run.rows(x.shape, x.dtype, axis) if x.ndim else x
+    carry = jax.tree.map(rows, carry_shapes)
+    if isinstance(carry_shapes.cache.layers, LayerCache):  # stacked: rows are axis 1
+      layers = jax.tree.map(lambda x: rows(x, 1), carry_shapes.cache.layers)
+      carry = carry._replace(cache=carry.cache._replace(layers=layers))
   else:
     carry = jax.tree.map(
       lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),

@@ -110,7 +110,7 @@ def test_fusion_traffic_leaves_out_on_chip_buffers():
 ENTRY %main (x: f32[64,64], y: f32[64,64]) -> f32[64,64] {
   %x = f32[64,64]{1,0:T(8,128)} parameter(0)
   %y = f32[64,64]{1,0:T(8,128)S(1)} parameter(1)
-  %f = (f32[64,64]{1,0:T(8,128)}, f32[64,64]{1,0:T(8,128)S(1)}) fusion(%x, %y), kind=kLoop, calls=%fused
+  %f = (f32[64,64]{1,0:T(8,128)}, f32[64,64]{1,0:T(8,128)S(1)}) fusion(%x, %y), calls=%fused
   ROOT %g = f32[64,64]{1,0:T(8,128)} get-tuple-element(%f), index=0
 }
 """
@@ -122,13 +122,13 @@ def test_async_collective_chain_is_counted_once():
   # A collective split over a chain of fusions that thread its operand and destination
   # through: the gather's buffer is written once, the pass-through buffers move nothing.
   text = """
-%start_body (s0: bf16[4,64]) -> (bf16[4,64], bf16[32,64]) {
+%start (s0: bf16[4,64]) -> (bf16[4,64], bf16[32,64]) {
   %s0 = bf16[4,64]{1,0} parameter(0)
   %g0 = bf16[32,64]{1,0} all-gather(%s0), dimensions={0}, replica_groups=[1,8]<=[8]
   ROOT %t0 = (bf16[4,64]{1,0}, bf16[32,64]{1,0}) tuple(%s0, %g0)
 }
 
-%step_body (q0: bf16[4,64], q1: bf16[32,64], x: f32[8]) -> (f32[8], bf16[4,64], bf16[32,64]) {
+%step (q0: bf16[4,64], q1: bf16[32,64], x: f32[8]) -> (f32[8], bf16[4,64], bf16[32,64]) {
   %q0 = bf16[4,64]{1,0} parameter(0)
   %q1 = bf16[32,64]{1,0} parameter(1)
   %x = f32[8]{0} parameter(2)
@@ -140,10 +140,10 @@ def test_async_collective_chain_is_counted_once():
 ENTRY %main (shard: bf16[4,64], v: f32[8]) -> f32[8] {
   %shard = bf16[4,64]{1,0} parameter(0)
   %v = f32[8]{0} parameter(1)
-  %a = (bf16[4,64]{1,0}, bf16[32,64]{1,0}) fusion(%shard), kind=kCustom, calls=%start_body
+  %a = (bf16[4,64]{1,0}, bf16[32,64]{1,0}) fusion(%shard), calls=%start
   %a0 = bf16[4,64]{1,0} get-tuple-element(%a), index=0
   %a1 = bf16[32,64]{1,0} get-tuple-element(%a), index=1
-  %b = (f32[8]{0}, bf16[4,64]{1,0}, bf16[32,64]{1,0}) fusion(%a0, %a1, /*index=2*/%v), kind=kCustom, calls=%step_body
+  %b = (f32[8]{0}, bf16[4,64]{1,0}, bf16[32,64]{1,0}) fusion(%a0, %a1, /*index=2*/%v), calls=%step
   ROOT %r = f32[8]{0} get-tuple-element(%b), index=0
 }
 """

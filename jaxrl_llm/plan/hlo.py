@@ -28,8 +28,7 @@ _DTYPE_BYTES = {
   "s64": 8, "u64": 8, "f16": 2, "bf16": 2, "f32": 4, "f64": 8, "c64": 8, "c128": 16,
   "f8e4m3fn": 1, "f8e5m2": 1, "f8e4m3fnuz": 1, "f8e5m2fnuz": 1, "f8e4m3b11fnuz": 1,
 }  # fmt: skip
-_ARRAY = re.compile(r"\b([a-z]+[0-9a-z]*)\[([0-9,]*)\]")
-_ARRAY_LAYOUT = re.compile(r"\b([a-z]+[0-9a-z]*)\[([0-9,]*)\](\{[^}]*\})?")
+_ARRAY = re.compile(r"\b([a-z]+[0-9a-z]*)\[([0-9,]*)\](\{[^}]*\})?")  # dtype, dims, layout
 _SPACE = re.compile(r"S\((\d+)\)")
 _COMMENT = re.compile(r"/\*.*?\*/")  # such as /*index=5*/ in long operand lists
 _HEADER = re.compile(r"^(ENTRY\s+)?%?([^\s(]+)\s*\(.*\)\s*->\s*.*\{\s*$")
@@ -68,12 +67,18 @@ class Stats:
     self.unknown_loops += other.unknown_loops
 
 
+def _arrays(shape: str) -> list[tuple[str, list[int], int]]:
+  """(dtype, dims, memory space) of each array in an HLO shape."""
+  out = []
+  for dt, dims, layout in _ARRAY.findall(shape):
+    if dt in _DTYPE_BYTES:
+      space = _SPACE.search(layout)
+      out.append((dt, [int(d) for d in dims.split(",") if d], int(space.group(1)) if space else 0))
+  return out
+
+
 def _dims(shape: str) -> list[tuple[str, list[int]]]:
-  return [
-    (dt, [int(d) for d in dims.split(",") if d])
-    for dt, dims in _ARRAY.findall(shape)
-    if dt in _DTYPE_BYTES
-  ]
+  return [(dt, dims) for dt, dims, _ in _arrays(shape)]
 
 
 def shape_bytes(shape: str) -> float:
@@ -84,12 +89,7 @@ def shape_bytes(shape: str) -> float:
 def hbm_bytes(shape: str) -> float:
   """Bytes of an HLO shape that live in HBM: arrays whose layout names another memory space
   (`S(1)` is a TPU's on-chip VMEM, `S(5)` host memory, ...) move no HBM bytes."""
-  return sum(
-    _DTYPE_BYTES[dt] * math.prod(int(d) for d in dims.split(",") if d)
-    for dt, dims, layout in _ARRAY_LAYOUT.findall(shape)
-    if dt in _DTYPE_BYTES
-    and int(_SPACE.search(layout).group(1) if _SPACE.search(layout) else 0) == 0
-  )
+  return sum(_DTYPE_BYTES[dt] * math.prod(dims) for dt, dims, space in _arrays(shape) if not space)
 
 
 def _balanced(text: str, start: int) -> int:

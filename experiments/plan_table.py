@@ -2,6 +2,9 @@
 
   python -m experiments.plan_table [--models qwen2.5-0.5b,...] [--targets v5e-8,...]
   python -m experiments.plan_table --table   # the committed rows, as Markdown
+  python -m experiments.plan_table --finetune full,lora,qlora --models qwen2.5-7b,llama-3.1-8b \
+      --targets v5e-8,h100x1                  # LoRA and QLoRA against full fine-tuning
+  python -m experiments.plan_table --table lora
 
 Workload: experiments/plan_grpo.py (GRPO with a reference model, 16 x 16 completions,
 512 + 2048 tokens, bf16 compute over float32 master weights, scanned layers, chunked
@@ -14,6 +17,10 @@ fitting). A run whose train state alone exceeds the chip's HBM is compiled once,
 remat. The sampler and the experience pass are then compiled at the chosen setting. Each
 row's full report is written to results/plan/<model>_<target>.json, and one line per row
 appended to results/plan/table.jsonl. These are compile-time figures, not timings.
+
+`--finetune lora` trains rank-16 adapters (alpha 32) on every projection of a frozen bfloat16
+base, whose reference is the base itself; `qlora` stores that base as nf4 (tiles of 64).
+Their rows go to results/plan/<model>_<target>_<finetune>.json and lora_table.jsonl.
 """
 
 import argparse
@@ -38,8 +45,26 @@ OUT = Path(__file__).parent / "results" / "plan"
 GiB = 2**30
 
 
-def config(model: str, chips: int, micro_rows: int, remat: str, chunk: int = CHUNK):
+FINETUNE = {
+  "full": {},
+  "lora": {"lora.rank": 16, "lora.alpha": 32.0, "model.param_dtype": "bfloat16"},
+  "qlora": {
+    "lora.rank": 16,
+    "lora.alpha": 32.0,
+    "model.param_dtype": "bfloat16",
+    "lora.quantize": "nf4",
+    "lora.quant_tile": 64,
+  },
+}
+
+
+def config(
+  model: str, chips: int, micro_rows: int, remat: str, chunk: int = CHUNK, finetune: str = "full"
+):
   c = get_config()
+  for key, value in FINETUNE[finetune].items():
+    section, name = key.split(".")
+    c[section][name] = value
   c.model.update(path=f"experiments/plan_models/{model}", remat=remat, logprob_chunk_tokens=chunk)
   c.mesh.update(data=-1, fsdp=chips)
   c.algo.update(micro_batches=c.rollout.prompts_per_step * c.rollout.group_size // micro_rows)
@@ -51,15 +76,15 @@ def config(model: str, chips: int, micro_rows: int, remat: str, chunk: int = CHU
 SETTINGS = [("none", CHUNK), ("full", CHUNK), ("full", CHUNK // 2), ("full", CHUNK // 4)]
 
 
-def plan_row(model: str, target_name: str) -> dict:
+def plan_row(model: str, target_name: str, finetune: str = "full") -> dict:
   target = plan_lib.resolve(target_name)
   devices = plan_lib.target_devices(target)
   start = time.perf_counter()
-  log = lambda line: print(f"[{model} {target_name}] {line}", flush=True)
+  log = lambda line: print(f"[{model} {target_name} {finetune}] {line}", flush=True)
   compile_train = lambda cfg, only: plan_lib.compile_run(
     cfg, target, devices, programs_lib.model_config(cfg), only=only, log=log
   )[1]
-  first = config(model, target.devices, target.devices, "none")
+  first = config(model, target.devices, target.devices, "none", finetune=finetune)
   run = programs_lib.abstract_run(
     first, plan_lib.run_mesh(first, devices), programs_lib.model_config(first)
   )
@@ -70,11 +95,11 @@ def plan_row(model: str, target_name: str) -> dict:
     if resident > target.chip.hbm_bytes and (remat, chunk) != ("full", CHUNK):
       continue  # the state alone does not fit: only one setting is compiled
     log(f"update with micro-batches of {rows} rows, remat {remat}, log-prob chunk {chunk}")
-    update = compile_train(config(model, target.devices, rows, remat, chunk), ("update",))
+    update = compile_train(config(model, target.devices, rows, remat, chunk, finetune), ("update",))
     tried.append({"remat": remat, "logprob_chunk_tokens": chunk, "fits": update[0]["fits"]})
     if update[0]["fits"] or resident > target.chip.hbm_bytes:
       break
-  cfg = config(model, target.devices, rows, remat, chunk)
+  cfg = config(model, target.devices, rows, remat, chunk, finetune)
   log(f"sampler and experience at {rows} rows, remat {remat}, log-prob chunk {chunk}")
   run, others = plan_lib.compile_run(
     cfg,
@@ -88,6 +113,7 @@ def plan_row(model: str, target_name: str) -> dict:
   report = {
     "model": model,
     "target": target_name,
+    "finetune": finetune,
     "chip": target.chip.name,
     "devices": target.devices,
     "mesh": dict(run.mesh.shape),
@@ -107,61 +133,81 @@ def plan_row(model: str, target_name: str) -> dict:
   return report
 
 
-def table(rows: list[dict]) -> str:
-  newest = {(r["model"], r["target"]): r for r in rows}
+def table(rows: list[dict], lora: bool = False) -> str:
+  """The newest row of each (model, target) as Markdown; with `lora`, of each (model,
+  target, fine-tuning), with a fine-tuning column."""
+  key = lambda r: (r["model"], r["target"], r.get("finetune", "full") if lora else None)
+  newest = {key(r): r for r in rows}
   lines = [
-    "| model | target | mesh (data, fsdp, tensor) | micro-batch rows | remat | log-prob chunk "
+    "| model | target | "
+    + ("fine-tuning | " if lora else "")
+    + "mesh (data, fsdp, tensor) | micro-batch rows | remat | log-prob chunk "
     "| train state per chip | peak per chip | HBM per chip | fits "
     "| est. iteration (compute-bound) | MFU at that time |",
-    "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    "|---|---|" + ("---|" if lora else "") + "---|---|---|---|---|---|---|---|---|---|",
   ]
+  targets = list(dict.fromkeys([*TARGETS, *(r["target"] for r in rows)]))
   for model in MODELS:
-    for target in TARGETS:
-      r = newest.get((model, target))
-      if r is None:
-        continue
-      mesh = ", ".join(str(r["mesh"][k]) for k in ("data", "fsdp", "tensor"))
-      it = r.get("iteration") or {}
-      state = sum(v for k, v in r["state_bytes_per_chip"].items() if k != "kv_cache")
-      peaks = [p["peak_bytes"] for p in r["programs"] if p.get("peak_bytes") is not None]
-      peak = f"{max(peaks) / GiB:.1f} GiB" if peaks else "-"
-      errors = [p["error"] for p in r["programs"] if p.get("error")]
-      if errors:  # the TPU compiler's refusal says how much it needed
-        need = re.search(r"temporaries \(([\d.]+)G\)", errors[0])
-        peak = "refused" + (f": {need.group(1)} G of temporaries" if need else "")
-      est = f"{it['estimate_s']:.0f} s ({it['compute_bound_s']:.0f} s)" if it else "-"
-      mfu = f"{100 * it['mfu']:.0f}%" if it else "-"
-      lines.append(
-        f"| {model} | {target} | {mesh} | {r['micro_batch_rows']} | {r['remat']} "
-        f"| {r.get('logprob_chunk_tokens', CHUNK)} | {state / GiB:.1f} GiB | {peak} "
-        f"| {r['chip_hbm_bytes'] / GiB:.0f} GiB | {'yes' if r['fits'] else 'no'} | {est} | {mfu} |"
-      )
+    for target in targets:
+      for finetune in FINETUNE if lora else [None]:
+        r = newest.get((model, target, finetune))
+        if r is not None:
+          lines.append(_row(r, finetune))
   return "\n".join(lines)
+
+
+def _row(r: dict, finetune: str | None) -> str:
+  mesh = ", ".join(str(r["mesh"][k]) for k in ("data", "fsdp", "tensor"))
+  it = r.get("iteration") or {}
+  state = sum(v for k, v in r["state_bytes_per_chip"].items() if k != "kv_cache")
+  peaks = [p["peak_bytes"] for p in r["programs"] if p.get("peak_bytes") is not None]
+  peak = f"{max(peaks) / GiB:.1f} GiB" if peaks else "-"
+  errors = [p["error"] for p in r["programs"] if p.get("error")]
+  if errors:  # the TPU compiler's refusal says how much it needed
+    need = re.search(r"temporaries \(([\d.]+)G\)", errors[0])
+    peak = "refused" + (f": {need.group(1)} G of temporaries" if need else "")
+  est = f"{it['estimate_s']:.0f} s ({it['compute_bound_s']:.0f} s)" if it else "-"
+  mfu = f"{100 * it['mfu']:.0f}%" if it else "-"
+  return (
+    f"| {r['model']} | {r['target']} | "
+    + (f"{finetune} | " if finetune else "")
+    + f"{mesh} | {r['micro_batch_rows']} | {r['remat']} "
+    f"| {r.get('logprob_chunk_tokens', CHUNK)} | {state / GiB:.1f} GiB | {peak} "
+    f"| {r['chip_hbm_bytes'] / GiB:.0f} GiB | {'yes' if r['fits'] else 'no'} | {est} | {mfu} |"
+  )
 
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--models", default=",".join(MODELS))
   parser.add_argument("--targets", default=",".join(TARGETS))
-  parser.add_argument("--table", action="store_true", help="print the committed rows")
+  parser.add_argument("--finetune", default="full", help="comma-separated: full, lora, qlora")
+  parser.add_argument(
+    "--table", nargs="?", const="full", choices=["full", "lora"], help="print committed rows"
+  )
   args = parser.parse_args()
   OUT.mkdir(parents=True, exist_ok=True)
   if args.table:
-    rows = [json.loads(line) for line in (OUT / "table.jsonl").read_text().splitlines()]
-    print(table(rows))
+    name = "table.jsonl" if args.table == "full" else "lora_table.jsonl"
+    rows = [json.loads(line) for line in (OUT / name).read_text().splitlines()]
+    print(table(rows, lora=args.table == "lora"))
     return
+  finetunes = args.finetune.split(",")
+  lora = finetunes != ["full"]
   for model in args.models.split(","):
     for target in args.targets.split(","):
-      report = plan_row(model, target)
-      (OUT / f"{model}_{target}.json").write_text(json.dumps(report, indent=2))
-      with open(OUT / "table.jsonl", "a") as f:
-        summary = {k: v for k, v in report.items() if k != "programs"}
-        summary["programs"] = [
-          {k: p.get(k) for k in ("program", "peak_bytes", "fits", "roofline_s", "error")}
-          for p in report["programs"]
-        ]
-        f.write(json.dumps(summary) + "\n")
-      print(table([summary]).splitlines()[-1], flush=True)
+      for finetune in finetunes:
+        report = plan_row(model, target, finetune)
+        suffix = f"_{finetune}" if lora else ""
+        (OUT / f"{model}_{target}{suffix}.json").write_text(json.dumps(report, indent=2))
+        with open(OUT / ("lora_table.jsonl" if lora else "table.jsonl"), "a") as f:
+          summary = {k: v for k, v in report.items() if k != "programs"}
+          summary["programs"] = [
+            {k: p.get(k) for k in ("program", "peak_bytes", "fits", "roofline_s", "error")}
+            for p in report["programs"]
+          ]
+          f.write(json.dumps(summary) + "\n")
+        print(table([summary], lora).splitlines()[-1], flush=True)
 
 
 if __name__ == "__main__":

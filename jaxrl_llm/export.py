@@ -1,6 +1,8 @@
 """Exports a trained policy from a checkpoint as a Hugging Face directory.
 
   python -m jaxrl_llm.export --checkpoint runs/default --out exported/default [--step 1500]
+  python -m jaxrl_llm.export --checkpoint runs/lora --out exported/merged --merge
+  python -m jaxrl_llm.export --checkpoint runs/lora --out exported/adapter --adapter
 
 `--checkpoint` is a run directory, its `checkpoints/` directory, or one step's
 directory. Only the policy is read (not the optimizer states or the critic). The
@@ -9,22 +11,36 @@ output has `config.json`, `generation_config.json`, safetensors weights (through
 when the run started from `model.path`, or the character vocabulary as a fast
 tokenizer otherwise, so `transformers.AutoModelForCausalLM.from_pretrained(out)` and
 `AutoTokenizer.from_pretrained(out)` (and serving engines) read it.
+
+A LoRA run's checkpoint is exported either `--merge`d (the base with every adapter folded
+in, `W + (alpha / r) A B`, dequantized if the base was quantized: a plain model as above)
+or as an `--adapter` directory that PEFT loads onto the base (`adapter_config.json` and
+`adapter_model.safetensors`; `PeftModel.from_pretrained(base, out)`). The adapter names its
+base: `model.path`, or, when the run made the base itself (random init or a warm start),
+a copy written to `out/base`.
 """
 
 import argparse
+import json
 import shutil
 import sys
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
 from flax import nnx
 
-from jaxrl_llm.models import CausalLM, CharTokenizer, save_model
+from jaxrl_llm.models import CausalLM, CharTokenizer, load_model, save_model
+from jaxrl_llm.models import lora as lora_lib
 from jaxrl_llm.models.config import from_hf_config
+from jaxrl_llm.train import state as state_lib
+from jaxrl_llm.train.checkpoint import fingerprint
+from jaxrl_llm.train.config import from_config_dict
+from jaxrl_llm.train.learner import policy_graphdef
 
 TOKENIZER_FILES = (
   "tokenizer.json",
@@ -61,7 +77,8 @@ def _locate(checkpoint) -> tuple[epath.Path, int | None]:
 
 
 def load_policy(checkpoint, step: int | None = None) -> tuple[CausalLM, dict]:
-  """The policy of a checkpoint's step (default: the newest), and the step's metadata."""
+  """The policy of a checkpoint's step (default: the newest), and the step's metadata. A
+  LoRA policy comes with its adapters (and its base as it trained, quantized or not)."""
   directory, named = _locate(checkpoint)
   options = ocp.CheckpointManagerOptions(read_only=True, create=False, save_interval_steps=0)
   manager = ocp.CheckpointManager(directory, options=options)
@@ -80,7 +97,16 @@ def load_policy(checkpoint, step: int | None = None) -> tuple[CausalLM, dict]:
     dtype=dtype,
     scan_layers=bool(model.get("scan_layers", False)),  # the layout the checkpoint holds
   )
-  graphdef, abstract = nnx.split(nnx.eval_shape(lambda: CausalLM(model_cfg, rngs=nnx.Rngs(0))))
+  base_def, base = nnx.split(nnx.eval_shape(lambda: CausalLM(model_cfg, rngs=nnx.Rngs(0))))
+  lora_base = meta.get("lora_base")
+  cfg = from_config_dict(meta["config"]) if meta["config"].get("lora", {}).get("rank") else None
+  if cfg is None:
+    graphdef, abstract = base_def, base
+  else:
+    abstract = jax.eval_shape(lambda b: state_lib.with_adapters(cfg, base_def, b), base)
+    graphdef = policy_graphdef(cfg, model_cfg)
+    if lora_base is not None:  # the checkpoint holds the adapters only
+      abstract = nnx.state(nnx.merge(graphdef, abstract), nnx.LoRAParam)
   device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
   item = {"policy": jax.tree.map(lambda x: x.update(sharding=device), abstract)}
   restored = manager.restore(
@@ -94,13 +120,32 @@ def load_policy(checkpoint, step: int | None = None) -> tuple[CausalLM, dict]:
     ),
   )
   manager.close()
-  return nnx.merge(graphdef, restored.state["policy"]), meta
+  policy = restored.state["policy"]
+  if lora_base is not None:
+    policy = nnx.merge_state(policy, _lora_base(cfg, lora_base))
+  return nnx.merge(graphdef, policy), meta
 
 
-def export(checkpoint, out, step: int | None = None) -> Path:
-  """Writes the policy of `checkpoint` (newest step unless `step`) to `out`."""
-  model, meta = load_policy(checkpoint, step)
-  out = save_model(model, out)
+def _lora_base(cfg, recorded: dict) -> nnx.State:
+  """The frozen base a LoRA checkpoint names (loaded from its path and quantized as in
+  training), checked against the fingerprint the checkpoint recorded."""
+  path = recorded["path"]
+  dtype = jnp.dtype(cfg.model.param_dtype)
+  try:
+    model = load_model(path, dtype=dtype, param_dtype=dtype, scan_layers=cfg.model.scan_layers)
+  except (OSError, ValueError) as e:
+    raise ExportError(f"the LoRA base {path} cannot be loaded: {e}") from None
+  base_def, base = nnx.split(model)
+  frozen = state_lib.split_trainable(cfg, state_lib.with_adapters(cfg, base_def, base))[1]
+  if [int(v) for v in jax.device_get(fingerprint(frozen))] != recorded["fingerprint"]:
+    raise ExportError(
+      f"the weights at {path} are not the base these adapters were trained on (their "
+      "fingerprint differs from the checkpoint's); restore that base there first."
+    )
+  return frozen
+
+
+def _copy_tokenizer(meta: dict, out: Path) -> None:
   tok = meta.get("tokenizer", {})
   if tok.get("kind") == "char":
     CharTokenizer(tok["alphabet"], with_bos=tok["with_bos"]).save(out)
@@ -111,6 +156,71 @@ def export(checkpoint, out, step: int | None = None) -> Path:
       shutil.copy2(source / name, out / name)
     if "tokenizer.json" not in copied and "tokenizer.model" not in copied:
       print(f"warning: no tokenizer files in {source}; copy them into {out}.", file=sys.stderr)
+
+
+def export(
+  checkpoint, out, step: int | None = None, *, merge: bool = False, adapter: bool = False
+) -> Path:
+  """Writes the policy of `checkpoint` (newest step unless `step`) to `out`: the model, or
+  for a LoRA run the merged model (`merge`) or a PEFT adapter directory (`adapter`)."""
+  if merge and adapter:
+    raise ExportError("pass one of --merge and --adapter.")
+  model, meta = load_policy(checkpoint, step)
+  lora = model.cfg.lora
+  if lora is None and (merge or adapter):
+    raise ExportError(
+      f"{checkpoint} is not a LoRA run (config.lora.rank=0); export it without "
+      f"--{'merge' if merge else 'adapter'}."
+    )
+  if lora is not None and not (merge or adapter):
+    raise ExportError(
+      f"{checkpoint} is a LoRA run: pass --merge (the base with the adapters folded in) or "
+      "--adapter (a PEFT adapter directory)."
+    )
+  out = Path(out)
+  if adapter:
+    base_path = (meta.get("lora_base") or {}).get("path")
+    if base_path is None:  # the run made its base: write it beside the adapter
+      base_path = str(save_model(lora_lib.merge_adapters(model, adapters=False), out / "base"))
+      _copy_tokenizer(meta, Path(base_path))
+    save_adapter(model, out, base_path)
+    return out
+  out = save_model(lora_lib.merge_adapters(model) if merge else model, out)
+  _copy_tokenizer(meta, out)
+  return out
+
+
+def save_adapter(model, out, base_path: str) -> Path:
+  """Writes `model`'s adapters as a PEFT LoRA directory for the Hugging Face model at
+  `base_path`: `adapter_config.json` and `adapter_model.safetensors` (lora_A `[r, in]`,
+  lora_B `[out, r]` per projection)."""
+  from safetensors.numpy import save_file
+
+  lora, out = model.cfg.lora, Path(out)
+  out.mkdir(parents=True, exist_ok=True)
+  tensors = {}
+  for (layer, name), (a, b) in lora_lib.adapter_factors(model).items():
+    prefix = f"base_model.model.model.layers.{layer}.{lora_lib.HF_MODULES[name]}"
+    tensors[f"{prefix}.lora_A.weight"] = a.astype(np.float32)
+    tensors[f"{prefix}.lora_B.weight"] = b.astype(np.float32)
+  save_file(tensors, out / "adapter_model.safetensors", metadata={"format": "pt"})
+  config = {
+    "peft_type": "LORA",
+    "task_type": "CAUSAL_LM",
+    "base_model_name_or_path": str(Path(base_path).resolve()),
+    "r": lora.rank,
+    "lora_alpha": lora.alpha,
+    "lora_dropout": lora.dropout,
+    "target_modules": [lora_lib.HF_MODULES[t].split(".")[-1] for t in lora.targets],
+    "bias": "none",
+    "fan_in_fan_out": False,
+    "use_rslora": False,
+    "use_dora": False,
+    "init_lora_weights": True,
+    "inference_mode": True,
+    "modules_to_save": None,
+  }
+  (out / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
   return out
 
 
@@ -121,10 +231,12 @@ def main(argv=None) -> None:
   parser.add_argument("--checkpoint", required=True, help="run dir, checkpoints/ or a step dir")
   parser.add_argument("--out", required=True, help="the Hugging Face directory to write")
   parser.add_argument("--step", type=int, default=None, help="default: the newest step")
+  parser.add_argument("--merge", action="store_true", help="LoRA: fold the adapters in")
+  parser.add_argument("--adapter", action="store_true", help="LoRA: a PEFT adapter directory")
   args = parser.parse_args(argv)
   logging.set_verbosity(logging.ERROR)  # orbax announces that a read-only directory is read-only
   try:
-    out = export(args.checkpoint, args.out, args.step)
+    out = export(args.checkpoint, args.out, args.step, merge=args.merge, adapter=args.adapter)
   except ExportError as e:
     parser.exit(2, f"error: {e}\n")
   print(f"exported {args.checkpoint} -> {out}")

@@ -6,6 +6,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from jaxrl_llm.models.lora import LoraConfig
+
 ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2"}
 
 # What a decoder block's backward pass keeps (None: everything, no recomputation). The
@@ -68,6 +70,7 @@ class ModelConfig:
   remat: str = "none"
   scan_layers: bool = False
   attention_chunk: int = 0
+  lora: LoraConfig | None = None  # adapters on the projections (see models.lora)
 
   def __post_init__(self):
     if self.head_dim is None:

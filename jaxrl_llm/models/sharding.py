@@ -1,8 +1,8 @@
 """Declared sharding: a mesh with axes (data, fsdp, tensor) and one table from logical axes to them.
 
 Every parameter names its axes (`logical_axes` metadata: layers, vocab, embed, heads,
-kv_heads, head_dim, mlp); `ShardingRules` maps each name to a mesh axis (or
-None, replicated). Batches are split over `data` (and `fsdp`, which also holds
+kv_heads, head_dim, mlp, and lora for an adapter's rank); `ShardingRules` maps each name
+to a mesh axis (or None, replicated). Batches are split over `data` (and `fsdp`, which also holds
 a shard of every parameter).
 """
 
@@ -12,6 +12,7 @@ import dataclasses
 
 import jax
 import numpy as np
+import qwix
 from flax import nnx
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -32,6 +33,7 @@ class ShardingRules:
   kv_heads: str | None = "tensor"
   head_dim: str | None = None
   mlp: str | None = "tensor"
+  lora: str | None = None  # an adapter's rank axis
 
   def spec(self, logical_axes: tuple[str, ...], shape: tuple[int, ...], mesh: Mesh) -> P:
     """The PartitionSpec for one array; an axis whose size the mesh axis does not divide
@@ -78,19 +80,30 @@ def batch_size_divisor(mesh: Mesh) -> int:
 
 
 def param_shardings(state: nnx.State, mesh: Mesh, rules: ShardingRules = DEFAULT_RULES):
-  """A NamedSharding for every parameter of `state`, from its logical axes."""
-  return jax.tree.map(
-    lambda v: NamedSharding(mesh, rules.spec(v.logical_axes, v.shape, mesh)),
-    state,
-    is_leaf=lambda x: isinstance(x, nnx.Variable),
-  )
+  """A NamedSharding for every parameter of `state`, from its logical axes. A quantized
+  parameter (a `qwix.QArray`) gets one for its values and one for its scales, each split
+  where the mesh divides that array's own axis."""
+
+  def one(v):
+    def place(x):
+      return None if x is None else NamedSharding(mesh, rules.spec(v.logical_axes, x.shape, mesh))
+
+    value = v.get_value()
+    if isinstance(value, qwix.QArray):
+      parts = {"qvalue": value.qvalue, "scale": value.scale, "zero_point": value.zero_point}
+      return v.replace(dataclasses.replace(value, **{k: place(x) for k, x in parts.items()}))
+    return place(v)
+
+  return jax.tree.map(one, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
 
 
 def shard_params(state: nnx.State, mesh: Mesh, rules: ShardingRules = DEFAULT_RULES):
   """`state` placed by the rules (a no-op for arrays already placed so)."""
   shardings = param_shardings(state, mesh, rules)
   return jax.tree.map(
-    lambda v, s: v.replace(jax.device_put(v[...], s)),
+    lambda v, s: v.replace(
+      jax.device_put(v.get_value(), s.get_value() if isinstance(s, nnx.Variable) else s)
+    ),
     state,
     shardings,
     is_leaf=lambda x: isinstance(x, nnx.Variable),

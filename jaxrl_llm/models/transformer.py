@@ -25,10 +25,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxrl_llm.models import lora as lora_lib
 from jaxrl_llm.models.config import REMAT_POLICIES, ModelConfig
 from jaxrl_llm.models.sharding import split_rows
 
-LOGICAL_AXES = ("layers", "vocab", "embed", "heads", "kv_heads", "head_dim", "mlp")
+LOGICAL_AXES = ("layers", "vocab", "embed", "heads", "kv_heads", "head_dim", "mlp", "lora")
 _MASKED = -1e30  # finite, so a query row with no visible key gives no NaN
 
 
@@ -178,10 +179,20 @@ class Attention(nnx.Module):
       self.v_bias_KxH = _zeros((K, H), p, ("kv_heads", "head_dim"))
     if cfg.o_bias:
       self.o_bias_D = _zeros((D,), p, ("embed",))
+    if cfg.lora is not None:
+      heads = {"q": ((N, H), ("heads", "head_dim")), "k": ((K, H), ("kv_heads", "head_dim"))}
+      heads["v"] = heads["k"]
+      for name, (shape, axes) in heads.items():
+        lora_lib.init_adapter(self, name, cfg.lora, (D,), ("embed",), shape, axes, rngs)
+      o_in = ((N, H), ("heads", "head_dim"))
+      lora_lib.init_adapter(self, "o", cfg.lora, *o_in, (D,), ("embed",), rngs)
 
-  def _project(self, x_BxLxD, w, bias_name):
+  def _project(self, x_BxLxD, name, w, bias_name):
     dt = self.cfg.dtype
-    y = jnp.einsum("bld,dnh->blnh", x_BxLxD, w[...].astype(dt))
+    y = jnp.einsum("bld,dnh->blnh", x_BxLxD, lora_lib.weight(w, dt))
+    adapter = lora_lib.delta(self, name, self.cfg.lora, x_BxLxD, dt)
+    if adapter is not None:
+      y = y + adapter
     if self.cfg.qkv_bias:
       y = y + getattr(self, bias_name)[...].astype(dt)
     return y
@@ -189,9 +200,9 @@ class Attention(nnx.Module):
   def __call__(self, x_BxLxD, rope: Rope, visible: Visibility, cache=None, index=None):
     cfg, dt = self.cfg, self.cfg.dtype
     B, L, _ = x_BxLxD.shape
-    q_BxLxNxH = apply_rope(self._project(x_BxLxD, self.q_DxNxH, "q_bias_NxH"), rope)
-    k_BxLxKxH = apply_rope(self._project(x_BxLxD, self.k_DxKxH, "k_bias_KxH"), rope)
-    v_BxLxKxH = self._project(x_BxLxD, self.v_DxKxH, "v_bias_KxH")
+    q_BxLxNxH = apply_rope(self._project(x_BxLxD, "q", self.q_DxNxH, "q_bias_NxH"), rope)
+    k_BxLxKxH = apply_rope(self._project(x_BxLxD, "k", self.k_DxKxH, "k_bias_KxH"), rope)
+    v_BxLxKxH = self._project(x_BxLxD, "v", self.v_DxKxH, "v_bias_KxH")
     v_BxKxLxH = v_BxLxKxH.transpose(0, 2, 1, 3)
     if cache is None:
       keys, v_BxKxSxH, new_cache = k_BxLxKxH.transpose(0, 2, 1, 3), v_BxKxLxH, None
@@ -223,7 +234,10 @@ class Attention(nnx.Module):
     out_BxLxNH = out_BxKxGxLxH.transpose(0, 3, 1, 2, 4).reshape(B, L, cfg.num_heads * H)
     # As a 2-D matmul with the weight's own [N*H, D] view: the 3-D contraction made XLA's CPU
     # backend transpose the weight on every call.
-    y = matmul(out_BxLxNH, self.o_NxHxD[...].astype(dt).reshape(-1, self.o_NxHxD.shape[-1]))
+    y = matmul(out_BxLxNH, lora_lib.weight(self.o_NxHxD, dt).reshape(-1, cfg.hidden_size))
+    adapter = lora_lib.delta(self, "o", cfg.lora, out_BxLxNH, dt)
+    if adapter is not None:
+      y = y + adapter
     if cfg.o_bias:
       y = y + self.o_bias_D[...].astype(dt)
     return y, new_cache
@@ -281,13 +295,20 @@ class MLP(nnx.Module):
     self.gate_DxF = _param(rngs, (D, F), p, ("embed", "mlp"))
     self.up_DxF = _param(rngs, (D, F), p, ("embed", "mlp"))
     self.down_FxD = _param(rngs, (F, D), p, ("mlp", "embed"))
+    self.lora = cfg.lora
+    if cfg.lora is not None:
+      for name, (i, o) in {"gate": ("embed", "mlp"), "up": ("embed", "mlp")}.items():
+        lora_lib.init_adapter(self, name, cfg.lora, (D,), (i,), (F,), (o,), rngs)
+      lora_lib.init_adapter(self, "down", cfg.lora, (F,), ("mlp",), (D,), ("embed",), rngs)
+
+  def _linear(self, x, name, w):
+    y = matmul(x, lora_lib.weight(w, self.dtype))
+    adapter = lora_lib.delta(self, name, self.lora, x, self.dtype)
+    return y if adapter is None else y + adapter
 
   def __call__(self, x_BxLxD):
-    dt = self.dtype
-    gate = jax.nn.silu(matmul(x_BxLxD, self.gate_DxF[...].astype(dt)))
-    return matmul(
-      gate * matmul(x_BxLxD, self.up_DxF[...].astype(dt)), self.down_FxD[...].astype(dt)
-    )
+    gate = jax.nn.silu(self._linear(x_BxLxD, "gate", self.gate_DxF))
+    return self._linear(gate * self._linear(x_BxLxD, "up", self.up_DxF), "down", self.down_FxD)
 
 
 class Block(nnx.Module):

@@ -30,6 +30,7 @@ from jaxrl_llm.plan import programs as programs_lib
 from jaxrl_llm.plan.programs import PROGRAMS, abstract_run, device_bytes
 from jaxrl_llm.plan.targets import CHIPS, Target, TargetError, resolve
 from jaxrl_llm.train import perf
+from jaxrl_llm.train import state as state_lib
 from jaxrl_llm.train.config import ConfigError, TrainConfig, validate
 
 __all__ = ["CHIPS", "PROGRAMS", "Target", "TargetError", "plan", "resolve", "target_devices"]
@@ -336,8 +337,10 @@ def plan(cfg: TrainConfig, target: Target, *, vocab_size=None, suggestions=True,
 def state_breakdown(run) -> dict:
   """Bytes per chip of each part of the train state, and of the sampler's KV cache."""
   s = run.state
+  trainable, frozen = state_lib.split_trainable(run.cfg, s.policy)
   out = {
-    "params": device_bytes(s.policy),
+    "params": device_bytes(s.policy if frozen is None else frozen),
+    "adapters": 0 if frozen is None else device_bytes(trainable),
     "optimizer": device_bytes(s.policy_opt) + device_bytes(s.critic_opt),
     "reference": device_bytes(s.ref),
     "critic": device_bytes(s.critic),

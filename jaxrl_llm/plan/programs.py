@@ -9,7 +9,6 @@ weights are loaded and nothing runs.
 """
 
 import dataclasses
-import functools
 import math
 
 import jax
@@ -68,6 +67,7 @@ class Run:
   optimizers: tuple
   state: state_lib.TrainState  # ShapeDtypeStructs with their shardings
   eos_ids: tuple = (0,)
+  base_def: nnx.GraphDef | None = None  # with LoRA, the graph without adapters (reference)
   pad_id: int = 0
 
   @property
@@ -85,17 +85,23 @@ class Run:
 
 def abstract_run(cfg: TrainConfig, mesh, model_cfg: ModelConfig) -> Run:
   """The TrainState the trainer would build for `cfg` on `mesh`, as ShapeDtypeStructs."""
-  policy_def, params = nnx.split(nnx.eval_shape(lambda: CausalLM(model_cfg, rngs=nnx.Rngs(0))))
+  base_def, params = nnx.split(nnx.eval_shape(lambda: CausalLM(model_cfg, rngs=nnx.Rngs(0))))
   critic_def, critic = None, None
   if cfg.uses_critic:
     critic_def, critic = nnx.split(nnx.eval_shape(lambda: ValueModel(model_cfg, rngs=nnx.Rngs(0))))
   optimizers = state_lib.make_optimizers(cfg)
-  init = functools.partial(state_lib.init_train_state, cfg, optimizers=optimizers, seed=0)
+
+  def init(base, critic):
+    policy = state_lib.with_adapters(cfg, base_def, base)
+    return state_lib.init_train_state(cfg, policy, critic, optimizers=optimizers, seed=0)
+
   shapes = jax.eval_shape(init, params, critic)
-  state = state_lib.with_shardings(shapes, state_lib.state_shardings(shapes, mesh, optimizers))
+  shardings = state_lib.state_shardings(cfg, shapes, mesh, optimizers)
+  state = state_lib.with_shardings(shapes, shardings)
   eos = model_cfg.eos_token_id
   eos_ids = tuple(eos) if isinstance(eos, (tuple, list)) else (int(eos or 0),)
-  return Run(cfg, mesh, model_cfg, policy_def, critic_def, optimizers, state, eos_ids)
+  policy_def = learner_lib.policy_graphdef(cfg, model_cfg)
+  return Run(cfg, mesh, model_cfg, policy_def, critic_def, optimizers, state, eos_ids, base_def)
 
 
 def device_bytes(tree) -> int:
@@ -183,7 +189,9 @@ def _batch(run: Run) -> step_lib.Batch:
 
 
 def _steps(run: Run):
-  return learner_lib.jitted_steps(run.cfg, run.mesh, run.policy_def, run.critic_def, run.optimizers)
+  return learner_lib.jitted_steps(
+    run.cfg, run.mesh, run.policy_def, run.critic_def, run.optimizers, run.base_def
+  )
 
 
 def experience_program(run: Run):

@@ -16,6 +16,7 @@ import ml_collections
 
 from jaxrl_llm import core
 from jaxrl_llm.models.config import REMAT_POLICIES
+from jaxrl_llm.models.lora import QUANT_TYPES, resolve_targets
 
 TOKEN_ESTIMATORS = ("gae", "reinforce_plus_plus")  # per-token advantages; the rest are groups
 
@@ -46,6 +47,24 @@ class ModelSection:
   remat: str = "none"  # none | full | a jax.checkpoint_policies name (models.REMAT_POLICIES)
   scan_layers: bool = False  # decoder blocks stacked and run as one lax.scan
   attention_chunk: int = 256  # queries per attention chunk (memory linear in length); 0: all
+
+
+@dataclasses.dataclass(frozen=True)
+class LoraSection:
+  """Low-rank adapters on a frozen base (`jaxrl_llm.models.lora`); rank 0: full fine-tuning.
+
+  `targets`: comma-separated regular expressions over the projections' short names (q, k,
+  v, o, gate, up, down) or module paths (attn.q, mlp.gate, ...). `quantize`: store the
+  frozen base as int8, int4 or nf4 (QLoRA), one scale per output channel and per
+  `quant_tile` inputs. The reference policy is the base with the adapters off.
+  """
+
+  rank: int = 0
+  alpha: float = 16.0
+  dropout: float = 0.0
+  targets: str = "q,k,v,o,gate,up,down"
+  quantize: str = ""  # "" | int8 | int4 | nf4
+  quant_tile: int = 64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -217,6 +236,7 @@ class DistributedSection:
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
   model: ModelSection = ModelSection()
+  lora: LoraSection = LoraSection()
   task: TaskSection = TaskSection()
   rewards: RewardsSection = RewardsSection()
   rollout: RolloutSection = RolloutSection()
@@ -543,12 +563,14 @@ def validate(cfg: TrainConfig, num_devices: int | None = None) -> None:
     cfg.model.dtype in ("float32", "bfloat16") and cfg.model.param_dtype in ("float32", "bfloat16"),
     "config.model.dtype and param_dtype must be 'float32' or 'bfloat16'.",
   )
+  _validate_lora(cfg)
   _check(
-    cfg.model.param_dtype == "float32",
+    cfg.model.param_dtype == "float32" or cfg.lora.rank > 0,
     f"config.model.param_dtype={cfg.model.param_dtype!r} would keep the trained weights and "
     "AdamW's moments in bfloat16, whose 8-bit mantissa rounds most updates away. Use "
     "config.model.param_dtype='float32' with config.model.dtype='bfloat16': float32 master "
-    "weights and optimizer state, bfloat16 compute.",
+    "weights and optimizer state, bfloat16 compute. (With LoRA, config.lora.rank > 0, the "
+    "frozen base may be bfloat16: the adapters stay float32.)",
   )
   if num_devices is not None:
     m = cfg.mesh
@@ -571,3 +593,31 @@ def validate(cfg: TrainConfig, num_devices: int | None = None) -> None:
         "devices; change config.rollout.prompts_per_step, config.algo.num_minibatches or "
         "config.algo.micro_batches, or the mesh.",
       )
+
+
+def _validate_lora(cfg: TrainConfig) -> None:
+  c = cfg.lora
+  _check(c.rank >= 0, f"config.lora.rank={c.rank} must be >= 0 (0: full fine-tuning).")
+  if not c.rank:
+    _check(
+      not c.quantize,
+      f"config.lora.quantize={c.quantize!r} quantizes a frozen base, which needs adapters to "
+      "train: set config.lora.rank (e.g. 16), or config.lora.quantize=''.",
+    )
+    return
+  try:
+    resolve_targets(c.targets)
+  except ValueError as e:
+    raise ConfigError(f"config.lora.targets={c.targets!r}: {e}") from None
+  _check(c.alpha > 0, f"config.lora.alpha={c.alpha} must be positive (the scale is alpha/rank).")
+  _check(0.0 <= c.dropout < 1.0, f"config.lora.dropout={c.dropout} must be in [0, 1) (0: none).")
+  _check(
+    not (c.dropout and cfg.model.scan_layers),
+    "config.lora.dropout > 0 draws one mask per adapter call, which scanned layers would "
+    "share; set config.model.scan_layers=False or config.lora.dropout=0.",
+  )
+  _check(
+    c.quantize in ("",) + tuple(QUANT_TYPES),
+    f"config.lora.quantize={c.quantize!r} is unknown; use '', {', '.join(QUANT_TYPES)}.",
+  )
+  _check(c.quant_tile > 0, f"config.lora.quant_tile={c.quant_tile} must be positive.")

@@ -21,6 +21,7 @@ from jaxrl_llm.rollout import SampleOutput, generate
 from jaxrl_llm.train import hosts
 from jaxrl_llm.train import state as state_lib
 from jaxrl_llm.train import step as step_lib
+from jaxrl_llm.train.checkpoint import fingerprint
 from jaxrl_llm.train.config import ConfigError, TrainConfig
 
 
@@ -47,11 +48,21 @@ def model_config(cfg: TrainConfig, vocab_size: int, eos_id: int) -> ModelConfig:
   )
 
 
-def jitted_steps(cfg: TrainConfig, mesh, policy_def, critic_def, optimizers):
+def policy_graphdef(cfg: TrainConfig, model_cfg: ModelConfig) -> nnx.GraphDef:
+  """The graph the trainer differentiates: the model, with the configured adapters."""
+  lora = state_lib.lora_config(cfg)
+  make = lambda: CausalLM(model_cfg.replace(lora=lora), rngs=nnx.Rngs(0))
+  return nnx.split(nnx.eval_shape(make))[0]
+
+
+def jitted_steps(cfg: TrainConfig, mesh, policy_def, critic_def, optimizers, base_def=None):
   """The jitted experience pass and update the trainer runs (the update donates the state);
-  `jaxrl_llm.plan` compiles the same two."""
+  `jaxrl_llm.plan` compiles the same two. `base_def`: with LoRA, the graph without
+  adapters, which scores the reference."""
   statics = dict(policy_def=policy_def, critic_def=critic_def, cfg=cfg, mesh=mesh)
-  experience = jax.jit(functools.partial(step_lib.make_experience, **statics))
+  experience = jax.jit(
+    functools.partial(step_lib.make_experience, base_def=base_def or policy_def, **statics)
+  )
   update = jax.jit(
     functools.partial(step_lib.update, optimizers=optimizers, **statics), donate_argnums=0
   )
@@ -59,7 +70,12 @@ def jitted_steps(cfg: TrainConfig, mesh, policy_def, critic_def, optimizers):
 
 
 class Learner:
-  """The policy (and critic) on a mesh, the TrainState, and jitted experience/update steps."""
+  """The policy (and critic) on a mesh, the TrainState, and jitted experience/update steps.
+
+  `policy` holds the base model's params until `init_state` (the warm start trains them,
+  with `base_def`); the state's policy is `state_lib.with_adapters` of them, run with
+  `policy_def` (the same graph without LoRA).
+  """
 
   def __init__(
     self,
@@ -88,13 +104,14 @@ class Learner:
         )
       except CheckpointError as e:
         raise ConfigError(f"config.model.path={cfg.model.path!r}: {e}") from None
-      self.policy_def, policy = nnx.split(policy_model)
+      self.base_def, policy = nnx.split(policy_model)
       self.model_cfg = policy_model.cfg
     else:
       self.model_cfg = model_config(cfg, vocab_size, eos_id)
-      self.policy_def, policy = self._init_params(
+      self.base_def, policy = self._init_params(
         lambda: CausalLM(self.model_cfg, rngs=nnx.Rngs(cfg.run.seed))
       )
+    self.policy_def = policy_graphdef(cfg, self.model_cfg)
     # Generation stops on the tokenizer's EOS and on every end id the checkpoint declares.
     self.eos_ids = tuple(sorted({eos_id, *declared}))
     self.critic_def = None
@@ -105,8 +122,9 @@ class Learner:
     self.policy = policy
     self.optimizers = state_lib.make_optimizers(cfg)
     self.state = None
+    self._base_fingerprint = None
     self._experience, self._update = jitted_steps(
-      cfg, mesh, self.policy_def, self.critic_def, self.optimizers
+      cfg, mesh, self.policy_def, self.critic_def, self.optimizers, self.base_def
     )
 
   def _init_params(self, make_module):
@@ -119,17 +137,23 @@ class Learner:
   def critic_from_policy(self, policy):
     """A value model whose backbone is the (warm-started) policy's, head freshly initialised."""
     make = lambda: ValueModel.from_policy(
-      nnx.merge(self.policy_def, policy), rngs=nnx.Rngs(self.cfg.run.seed + 1)
+      nnx.merge(self.base_def, policy), rngs=nnx.Rngs(self.cfg.run.seed + 1)
     )
     return self._init_params(make)[1]
 
   def _state_init(self):
-    return functools.partial(
-      state_lib.init_train_state, self.cfg, optimizers=self.optimizers, seed=self.cfg.run.seed
-    )
+    cfg = self.cfg
+
+    def init(base, critic):
+      policy = state_lib.with_adapters(cfg, self.base_def, base)
+      return state_lib.init_train_state(
+        cfg, policy, critic, optimizers=self.optimizers, seed=cfg.run.seed
+      )
+
+    return init
 
   def _shardings(self, abstract):
-    return state_lib.state_shardings(abstract, self.mesh, self.optimizers, self.rules)
+    return state_lib.state_shardings(self.cfg, abstract, self.mesh, self.optimizers, self.rules)
 
   def init_state(self):
     """The TrainState, from the current policy params; its shardings decided shape-first."""
@@ -146,7 +170,48 @@ class Learner:
     if self.cfg.uses_critic:
       critic = nnx.split(nnx.eval_shape(lambda: ValueModel(self.model_cfg, rngs=nnx.Rngs(0))))[1]
     abstract = jax.eval_shape(self._state_init(), self.policy, critic)
-    return state_lib.with_shardings(abstract, self._shardings(abstract))
+    return self.saved(state_lib.with_shardings(abstract, self._shardings(abstract)))
+
+  @property
+  def base_saved(self) -> bool:
+    """Whether checkpoints hold the frozen LoRA base: not when it is `model.path`'s weights
+    as they load (checkpoints then name the path and the weights' fingerprint); yes when
+    the run made it (random init, or a warm start)."""
+    return not (self.cfg.model.path and not self.cfg.warmstart.steps)
+
+  def saved(self, state):
+    """What a checkpoint holds of `state` (a state or its target): all of it, less the frozen
+    LoRA base when `base_saved` is False."""
+    if not self.cfg.lora.rank or self.base_saved:
+      return state
+    return state._replace(policy=state_lib.split_trainable(self.cfg, state.policy)[0])
+
+  def restored(self, state, meta: dict):
+    """A restored checkpoint's state, whole again: the base that `saved` left out (built
+    from `policy` as `init_state` builds it) joined back, once its fingerprint matches the
+    one the checkpoint recorded."""
+    if not self.cfg.lora.rank or self.base_saved:
+      return state
+    if self.state is None:
+      self.init_state()
+    recorded = meta.get("lora_base", {})
+    if recorded.get("fingerprint") != self.base_fingerprint():
+      raise ConfigError(
+        f"the checkpoint's adapters were trained on the base at {recorded.get('path')!r}, and "
+        f"the weights now at config.model.path={self.cfg.model.path!r} differ from it "
+        "(or are quantized differently). Point config.model.path at that base, or start "
+        "over with --config.checkpoint.fresh=True."
+      )
+    frozen = state_lib.split_trainable(self.cfg, self.state.policy)[1]
+    return state._replace(policy=state_lib.join_trainable(state.policy, frozen))
+
+  def base_fingerprint(self) -> list[int]:
+    """The frozen LoRA base's per-array fingerprint (see `checkpoint.fingerprint`), computed
+    once: the base never changes."""
+    if self._base_fingerprint is None:
+      frozen = state_lib.split_trainable(self.cfg, self.state.policy)[1]
+      self._base_fingerprint = [int(v) for v in jax.device_get(fingerprint(frozen))]
+    return self._base_fingerprint
 
   def shard_batch(self, tree):
     """Global batch-sharded arrays from this process's rows (all rows with one process)."""
@@ -156,9 +221,11 @@ class Learner:
   def generate(
     self, params, prompt_BxP, mask_BxP, rng, *, num_samples, temperature, max_new_tokens=None
   ) -> SampleOutput:
+    """Samples from `params`: the state's policy, or before `init_state` the base's."""
     r = self.cfg.rollout
+    graphdef = self.base_def if self.state is None else self.policy_def
     return generate(
-      self.policy_def,
+      graphdef,
       prompt_BxP,
       mask_BxP,
       rng,

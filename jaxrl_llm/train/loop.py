@@ -218,12 +218,15 @@ def _meta(cfg, learner, task, stream_state, before) -> dict:
   tok = task.tokenizer
   describe = getattr(tok, "describe", None)
   tokenizer = {"kind": "hf", "path": cfg.model.path} if cfg.model.path else None
-  return {
+  meta = {
     "stream": stream_state,
     "heldout_accuracy_before": before,
     "model_config": to_hf_config(learner.model_cfg),
     "tokenizer": tokenizer or (describe() if describe else {"kind": "custom"}),
   }
+  if cfg.lora.rank and not learner.base_saved:  # adapters only: name the base they fit
+    meta["lora_base"] = {"path": cfg.model.path, "fingerprint": learner.base_fingerprint()}
+  return meta
 
 
 def _resume(cfg, learner, mesh):
@@ -312,9 +315,10 @@ def train(cfg: TrainConfig, devices=None, task: Task | None = None) -> dict:
     before = evaluate(learner, task, test, cfg.run.eval_batch_size)
     first = 0
     if ckpt is not None:  # the warm-started policy: a resumed run never repeats the warm start
-      ckpt.save(0, learner.state, _meta(cfg, learner, task, stream.get_state(), before))
+      meta = _meta(cfg, learner, task, stream.get_state(), before)
+      ckpt.save(0, learner.saved(learner.state), meta)
   else:
-    learner.state, first = restored.state, restored.step
+    learner.state, first = learner.restored(restored.state, restored.meta), restored.step
     before = restored.meta["heldout_accuracy_before"]
     stream.set_state(restored.meta["stream"])
   summary["heldout_accuracy_before"] = before
@@ -386,7 +390,8 @@ def train(cfg: TrainConfig, devices=None, task: Task | None = None) -> dict:
       stop = preemption.requested() if ckpt is not None else False
       done = step + 1
       if ckpt is not None and (done % cfg.checkpoint.every == 0 or done == cfg.run.steps or stop):
-        ckpt.save(done, learner.state, _meta(cfg, learner, task, stream_state, before))
+        meta = _meta(cfg, learner, task, stream_state, before)
+        ckpt.save(done, learner.saved(learner.state), meta)
       if stop:
         ckpt.wait()
         log.warning(

@@ -45,7 +45,7 @@ def warm_start(learner, batches, *, steps: int, learning_rate: float, progress=N
       params,
       opt_state,
       learner.shard_batch(next(batches)),
-      policy_def=learner.policy_def,
+      policy_def=learner.base_def,
       optimizer=optimizer,
       chunk=learner.cfg.model.logprob_chunk_tokens,
     )

@@ -10,6 +10,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jaxrl_llm import core
+from jaxrl_llm.models import lora as lora_lib
 from jaxrl_llm.models.sharding import DEFAULT_RULES, param_shardings
 from jaxrl_llm.train.config import TrainConfig
 
@@ -33,6 +34,40 @@ class TrainState(NamedTuple):
   critic_opt: optax.OptState | None
   kl: core.KLControllerState
   entropy: core.EntropyControllerState
+
+
+def lora_config(cfg: TrainConfig) -> lora_lib.LoraConfig | None:
+  """The adapters `config.lora` asks for (None: full fine-tuning)."""
+  c = cfg.lora
+  if not c.rank:
+    return None
+  targets = lora_lib.resolve_targets(c.targets)
+  return lora_lib.LoraConfig(rank=c.rank, alpha=c.alpha, targets=targets, dropout=c.dropout)
+
+
+def with_adapters(cfg: TrainConfig, base_def: nnx.GraphDef, base: nnx.State) -> nnx.State:
+  """The policy params a run trains: `base` itself, or with LoRA the base (quantized when
+  `config.lora.quantize` says so) plus fresh adapters (B = 0, so the policy starts as the
+  base). Traceable: the trainer runs it inside its jitted state init."""
+  lora = lora_config(cfg)
+  if lora is None:
+    return base
+  model = nnx.merge(base_def, base)
+  if cfg.lora.quantize:
+    model = lora_lib.quantize_base(model, cfg.lora.quantize, cfg.lora.quant_tile)
+  return nnx.state(lora_lib.add_adapters(model, lora, seed=cfg.run.seed + 5))
+
+
+def split_trainable(cfg: TrainConfig, policy: nnx.State) -> tuple[nnx.State, nnx.State | None]:
+  """(what the optimizer updates, the frozen rest or None): with LoRA the adapters and the
+  base, without it the whole policy and None."""
+  if not cfg.lora.rank:
+    return policy, None
+  return nnx.split_state(policy, nnx.LoRAParam, ...)
+
+
+def join_trainable(trainable: nnx.State, frozen: nnx.State | None) -> nnx.State:
+  return trainable if frozen is None else nnx.merge_state(trainable, frozen)
 
 
 def learning_rate_schedule(cfg: TrainConfig, peak: float) -> optax.Schedule:
@@ -103,7 +138,9 @@ def entropy_controller(cfg: TrainConfig) -> core.EntropyController:
   )
 
 
-def state_shardings(abstract: TrainState, mesh, optimizers, rules=DEFAULT_RULES) -> TrainState:
+def state_shardings(
+  cfg: TrainConfig, abstract: TrainState, mesh, optimizers, rules=DEFAULT_RULES
+) -> TrainState:
   """NamedShardings for every leaf: params by their logical axes, optimizer moments like
   their params, scalars and keys replicated."""
   replicated = NamedSharding(mesh, P())
@@ -128,7 +165,7 @@ def state_shardings(abstract: TrainState, mesh, optimizers, rules=DEFAULT_RULES)
     step=replicated,
     rng=replicated,
     policy=params(abstract.policy),
-    policy_opt=opt(abstract.policy_opt, abstract.policy, optimizers[0]),
+    policy_opt=opt(abstract.policy_opt, split_trainable(cfg, abstract.policy)[0], optimizers[0]),
     ref=params(abstract.ref),
     critic=params(abstract.critic),
     critic_opt=opt(abstract.critic_opt, abstract.critic, optimizers[1]),
@@ -140,9 +177,10 @@ def state_shardings(abstract: TrainState, mesh, optimizers, rules=DEFAULT_RULES)
 def init_train_state(
   cfg: TrainConfig, policy: nnx.State, critic: nnx.State | None, optimizers, seed: int
 ) -> TrainState:
-  """Builds the state from (possibly already placed) params; the reference is a copy."""
-  policy_opt = optimizers[0].init(policy)
-  ref = jax.tree.map(jnp.copy, policy) if cfg.uses_reference else None
+  """Builds the state from (possibly already placed) params (`with_adapters`' result); the
+  reference is a copy, except with LoRA, whose reference is the base with the adapters off."""
+  policy_opt = optimizers[0].init(split_trainable(cfg, policy)[0])
+  ref = jax.tree.map(jnp.copy, policy) if cfg.uses_reference and not cfg.lora.rank else None
   critic_opt = None if critic is None else optimizers[1].init(critic)
   return TrainState(
     step=jnp.zeros((), jnp.int32),

@@ -18,14 +18,17 @@ from jax.sharding import PartitionSpec as P
 
 from jaxrl_llm import core
 from jaxrl_llm.models import completion_hidden
+from jaxrl_llm.models import lora as lora_lib
 from jaxrl_llm.models.sharding import BATCH_AXES, rows_over
 from jaxrl_llm.train.config import TrainConfig
 from jaxrl_llm.train.state import (
   TrainState,
   applied_updates,
   entropy_controller,
+  join_trainable,
   kl_controller,
   learning_rate_schedule,
+  split_trainable,
 )
 
 
@@ -158,18 +161,26 @@ def _rows_over_mesh(fn):
 
 @_rows_over_mesh
 def make_experience(
-  state: TrainState, batch: Batch, *, policy_def, critic_def, cfg: TrainConfig, mesh=None
+  state: TrainState,
+  batch: Batch,
+  *,
+  policy_def,
+  critic_def,
+  cfg: TrainConfig,
+  mesh=None,
+  base_def=None,
 ) -> tuple[Experience, dict]:
   """Old and reference log-probs, values, token rewards and advantages. `mesh`: the mesh
-  the batch is sharded over (see `spread_rows`)."""
+  the batch is sharded over (see `spread_rows`). With LoRA the reference is the frozen
+  base inside the policy, run by `base_def` (the graph without adapters): no copy."""
   a, rows, group = cfg.algo, cfg.micro_batch_rows, _group(cfg)
   temperature = cfg.rollout.temperature
   mask_BxN = loss_mask(batch, cfg)
 
-  def logp(params):
+  def logp(params, graphdef=policy_def):
     return _in_micro_batches(
       lambda b: sequence_forward(
-        policy_def, params, b, temperature, group=group, chunk=cfg.model.logprob_chunk_tokens
+        graphdef, params, b, temperature, group=group, chunk=cfg.model.logprob_chunk_tokens
       ),
       batch,
       rows,
@@ -178,7 +189,11 @@ def make_experience(
 
   zeros = jnp.zeros(mask_BxN.shape, jnp.float32)
   old_logp = zeros if cfg.single_update else logp(state.policy)  # see TrainConfig.single_update
-  ref_logp = zeros if state.ref is None else logp(state.ref)
+  ref_logp = zeros
+  if state.ref is not None:
+    ref_logp = logp(state.ref)
+  elif cfg.uses_reference:  # LoRA: the base with the adapters off
+    ref_logp = logp(split_trainable(cfg, state.policy)[1], base_def or policy_def)
   values, bootstrap_B = zeros, zeros[:, 0]
   if state.critic is not None:
     values_BxN1 = _in_micro_batches(
@@ -193,7 +208,7 @@ def make_experience(
       bootstrap_B = jnp.where(batch.truncated_B, values_BxN1[:, -1], 0.0)
   kl_BxN = jnp.where(mask_BxN, core.kl_penalty(old_logp, ref_logp, a.kl_estimator), 0.0)
   rewards_BxN = core.scores_to_token_rewards(batch.scores_B, mask_BxN)
-  if a.kl_placement == "reward" and state.ref is not None:
+  if a.kl_placement == "reward" and cfg.uses_reference:
     rewards_BxN = rewards_BxN - state.kl.coef * kl_BxN
   returns = zeros
   if a.estimator == "gae":
@@ -221,19 +236,29 @@ def make_experience(
 
 
 def policy_objective(
-  params, exp: Experience, denominator, kl_coef, entropy_coef=0.0, *, policy_def, cfg: TrainConfig
+  params,
+  exp: Experience,
+  denominator,
+  kl_coef,
+  entropy_coef=0.0,
+  *,
+  policy_def,
+  cfg: TrainConfig,
+  dropout_key=None,
 ):
-  """The scalar the policy minimises on one micro-batch (its share of the minibatch loss)."""
+  """The scalar the policy minimises on one micro-batch (its share of the minibatch loss).
+  `dropout_key`: with `config.lora.dropout`, the key of this pass's adapter dropout."""
   a, mask = cfg.algo, exp.loss_mask_BxN
-  logp, ent = sequence_forward(
-    policy_def,
-    params,
-    exp.batch,
-    cfg.rollout.temperature,
-    with_entropy=True,
-    group=_group(cfg),
-    chunk=cfg.model.logprob_chunk_tokens,
-  )
+  with lora_lib.dropout_key(dropout_key, cfg.lora.dropout):
+    logp, ent = sequence_forward(
+      policy_def,
+      params,
+      exp.batch,
+      cfg.rollout.temperature,
+      with_entropy=True,
+      group=_group(cfg),
+      chunk=cfg.model.logprob_chunk_tokens,
+    )
   old_logp = jax.lax.stop_gradient(logp) if cfg.single_update else exp.old_logp_BxN
   agg = functools.partial(
     core.aggregate,
@@ -310,20 +335,21 @@ def combine_metrics(stacked: dict, sum_keys=()) -> dict:
   return {k: combine(k, v) for k, v in stacked.items()}
 
 
-def _accumulate(objective, params, micro_exps, denominator, *extra):
+def _accumulate(objective, params, micro_exps, denominator, *extra, keys=None):
   """Sum of value-and-grads over micro-batches (each already divided by the global
-  denominator), and their metrics combined into the minibatch's."""
+  denominator), and their metrics combined into the minibatch's. `keys`: one dropout key
+  per micro-batch, passed to `objective` as `dropout_key`."""
 
-  def one(carry, exp):
-    (loss, metrics), grads = jax.value_and_grad(objective, has_aux=True)(
-      params, exp, denominator, *extra
-    )
+  def one(carry, xs):
+    exp, key = xs
+    fn = objective if key is None else functools.partial(objective, dropout_key=key)
+    (loss, metrics), grads = jax.value_and_grad(fn, has_aux=True)(params, exp, denominator, *extra)
     total_loss, total_grads = carry
     metrics = metrics | {TOKENS: jnp.sum(exp.loss_mask_BxN, dtype=jnp.float32)}
     return (total_loss + loss, jax.tree.map(jnp.add, total_grads, grads)), metrics
 
   zero = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, params))
-  (loss, grads), metrics = jax.lax.scan(one, zero, micro_exps)
+  (loss, grads), metrics = jax.lax.scan(one, zero, (micro_exps, keys))
   return loss, grads, combine_metrics(metrics, sum_keys=LOSS_SHARES)
 
 
@@ -370,27 +396,37 @@ def update(
   ]
   rows_MxUxR = jnp.concatenate(perms).reshape(a.ppo_epochs * a.num_minibatches, a.micro_batches, -1)
   policy_on = state.step >= a.critic_warmup_steps
+  dropout_key = jax.random.fold_in(key, 7919)  # LoRA dropout's, apart from the shuffles'
   schedules = (
     learning_rate_schedule(cfg, cfg.optim.learning_rate),
     learning_rate_schedule(cfg, a.critic_lr),
   )
 
-  def minibatch(carry, rows_UxR):
+  def minibatch(carry, xs):
+    rows_UxR, index = xs
     policy, policy_opt, critic, critic_opt = carry
     micro = spread_rows(jax.tree.map(lambda x: x[rows_UxR], exp), mesh)
     mask_RxN = micro.loss_mask_BxN.reshape(-1, micro.loss_mask_BxN.shape[-1])
     denominator = core.aggregate_denominator(mask_RxN, a.aggregation)
+    # With LoRA only the adapters are differentiated and updated; the base stays as it is.
+    trainable, frozen = split_trainable(cfg, policy)
+    objective = functools.partial(policy_objective, policy_def=policy_def, cfg=cfg)
+    keys = None
+    if cfg.lora.dropout:
+      keys = jax.random.split(jax.random.fold_in(dropout_key, index), a.micro_batches)
     loss, grads, metrics = _accumulate(
-      functools.partial(policy_objective, policy_def=policy_def, cfg=cfg),
-      policy,
+      lambda t, *args, **kw: objective(join_trainable(t, frozen), *args, **kw),
+      trainable,
       micro,
       denominator,
       state.kl.coef,
       state.entropy.coef,
+      keys=keys,
     )
-    policy, policy_opt, lr = _apply(
-      optimizers[0], schedules[0], grads, policy_opt, policy, policy_on
+    trainable, policy_opt, lr = _apply(
+      optimizers[0], schedules[0], grads, policy_opt, trainable, policy_on
     )
+    policy = join_trainable(trainable, frozen)
     metrics = metrics | {"loss": loss, "grad_norm": optax.tree.norm(grads), "learning_rate": lr}
     if critic is not None:
       _, c_grads, c_metrics = _accumulate(
@@ -408,7 +444,10 @@ def update(
     return (policy, policy_opt, critic, critic_opt), metrics
 
   carry = (state.policy, state.policy_opt, state.critic, state.critic_opt)
-  (policy, policy_opt, critic, critic_opt), metrics = jax.lax.scan(minibatch, carry, rows_MxUxR)
+  steps = jnp.arange(rows_MxUxR.shape[0])
+  (policy, policy_opt, critic, critic_opt), metrics = jax.lax.scan(
+    minibatch, carry, (rows_MxUxR, steps)
+  )
   kl = state.kl
   if cfg.uses_reference:  # the rollout policy's per-sequence KL (the first minibatch's)
     kl = kl_controller(cfg).update(state.kl, metrics["kl_ref"][0], cfg.batch_size)

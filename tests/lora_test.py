@@ -1,0 +1,300 @@
+"""LoRA and QLoRA: adapters on a frozen (or quantized) base, the reference for free, sampling,
+checkpoints and export."""
+
+import json
+import shutil
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+import qwix
+from checkpoint_test import assert_bitwise_equal, run_killed
+from flax import nnx
+from safetensors.numpy import load_file, save_file
+from train_test import OnesTask, _learner, _one_batch, small_config
+
+from jaxrl_llm import core
+from jaxrl_llm import export as export_lib
+from jaxrl_llm.models import load_model
+from jaxrl_llm.models import lora as lora_lib
+from jaxrl_llm.rollout import generate
+from jaxrl_llm.train import ConfigError, train
+from jaxrl_llm.train import state as state_lib
+from jaxrl_llm.train import step as step_lib
+
+FIXTURES = Path(__file__).parent / "fixtures"
+TOKENS = jnp.array([[5, 17, 3, 250, 9, 41, 77, 2], [0, 0, 12, 13, 14, 15, 16, 17]])
+MASK = TOKENS != 0
+# How far a quantized weight is from the float one (relative Frobenius norm), as measured on
+# the fixture (int8 0.005, int4 0.11, nf4 0.09 with tiles of 16), with room to spare. The
+# logit bounds on a real model are in smollm2_test.
+WEIGHT_BOUNDS = {"int8": 0.01, "int4": 0.15, "nf4": 0.12}
+
+
+def _adapted(scan=False, targets=tuple(lora_lib.TARGETS), noise=0.05, quantize=None):
+  """The fixture model with rank-4 adapters whose B is random (so they change the output)."""
+  model = load_model(FIXTURES / "qwen2_untied", scan_layers=scan)
+  if quantize:
+    model = lora_lib.quantize_base(model, quantize, tile=16)
+  model = lora_lib.add_adapters(model, lora_lib.LoraConfig(4, alpha=8.0, targets=targets), seed=1)
+  if noise:
+    adapters = nnx.state(model, nnx.LoRAParam)
+    keys = iter(jax.random.split(jax.random.key(2), len(jax.tree.leaves(adapters))))
+    nnx.update(
+      model, jax.tree.map(lambda x: x + noise * jax.random.normal(next(keys), x.shape), adapters)
+    )
+  return model
+
+
+@pytest.mark.parametrize("scan", [False, True])
+def test_fresh_adapters_leave_the_logits_exact(scan):
+  base = load_model(FIXTURES / "qwen2_untied", scan_layers=scan)
+  expected = np.asarray(base(TOKENS, mask_BxL=MASK)[0])
+  model = _adapted(scan, noise=0.0)
+  np.testing.assert_array_equal(np.asarray(model(TOKENS, mask_BxL=MASK)[0]), expected)
+  assert not np.array_equal(np.asarray(_adapted(scan)(TOKENS, mask_BxL=MASK)[0]), expected)
+
+
+def test_targets_choose_the_projections_and_carry_logical_axes():
+  assert lora_lib.resolve_targets("attn\\..*") == ("q", "k", "v", "o")
+  assert lora_lib.resolve_targets("v, q") == ("q", "v")
+  assert lora_lib.resolve_targets(["mlp.gate", "up|down"]) == ("gate", "up", "down")
+  with pytest.raises(ValueError, match="matches no projection"):
+    lora_lib.resolve_targets("qkv")
+  model = _adapted(targets=("q", "down"))
+  names = {str(path[-1]) for path, _ in nnx.to_flat_state(nnx.state(model, nnx.LoRAParam))}
+  assert names == {"q_lora_a", "q_lora_b", "down_lora_a", "down_lora_b"}
+  attn = model.decoder.layers[0].attn
+  assert attn.q_lora_a.logical_axes == ("embed", "lora")
+  assert attn.q_lora_b.logical_axes == ("lora", "heads", "head_dim")
+
+
+@pytest.mark.parametrize("scan", [False, True])
+def test_merged_model_equals_the_adapter_forward(scan):
+  model = _adapted(scan)
+  merged = lora_lib.merge_adapters(model)
+  assert merged.cfg.lora is None and not nnx.state(merged, nnx.LoRAParam)
+  expected = np.asarray(model(TOKENS, mask_BxL=MASK)[0])
+  # float32 rounding of two orders of summation, relative to the logit scale
+  scale = np.abs(expected).max()
+  np.testing.assert_allclose(
+    np.asarray(merged(TOKENS, mask_BxL=MASK)[0]), expected, atol=1e-5 * scale
+  )
+
+
+@pytest.mark.parametrize("qtype", sorted(WEIGHT_BOUNDS))
+def test_quantized_base_stores_low_bit_weights_close_to_the_float_ones(qtype):
+  floats = load_model(FIXTURES / "qwen2_untied")
+  model = lora_lib.quantize_base(load_model(FIXTURES / "qwen2_untied"), qtype, tile=16)
+  for name in ("q_DxNxH", "o_NxHxD"):
+    stored = getattr(model.decoder.layers[0].attn, name)[...]
+    assert isinstance(stored, qwix.QArray)
+    assert stored.qvalue.dtype == {"int8": jnp.int8, "int4": jnp.int4, "nf4": jnp.uint4}[qtype]
+    w = getattr(floats.decoder.layers[0].attn, name)[...]
+    error = jnp.linalg.norm(qwix.dequantize(stored) - w) / jnp.linalg.norm(w)
+    assert 0 < error < WEIGHT_BOUNDS[qtype], (name, error)
+  # Embeddings and norms keep their float values.
+  np.testing.assert_array_equal(model.decoder.embed_VxD[...], floats.decoder.embed_VxD[...])
+  expected = np.asarray(floats(TOKENS, mask_BxL=MASK)[0])
+  logits = np.asarray(model(TOKENS, mask_BxL=MASK)[0])
+  assert np.all(np.isfinite(logits)) and not np.array_equal(logits, expected)
+
+
+@pytest.mark.parametrize("quantize", [None, "nf4"])
+def test_sampled_logprobs_equal_teacher_forced_with_adapters(quantize):
+  model = _adapted(quantize=quantize)
+  prompt, prompt_mask = TOKENS[:, :5], MASK[:, :5]
+  out = generate(model, prompt, prompt_mask, jax.random.key(3), max_new_tokens=8, num_samples=2)
+  seq = jnp.concatenate([jnp.repeat(prompt, 2, 0), out.tokens_BxN], axis=1)
+  seq_mask = jnp.concatenate([jnp.repeat(prompt_mask, 2, 0), out.mask_BxN], axis=1)
+  logits, _ = model(seq, mask_BxL=seq_mask)
+  teacher = core.token_logprobs(logits[:, 4:-1], out.tokens_BxN, 1.0)
+  m = np.asarray(out.mask_BxN)
+  np.testing.assert_allclose(np.asarray(out.logprobs_BxN)[m], np.asarray(teacher)[m], atol=1e-5)
+
+
+def _shapes(tree):
+  return [x.shape for x in jax.tree.leaves(tree) if np.ndim(x) >= 2]
+
+
+def test_only_the_adapters_train_and_the_reference_is_the_base(tmp_path):
+  cfg = small_config(
+    tmp_path,
+    **{
+      "lora.rank": 4,
+      "algo.kl_coef": 0.05,
+      "algo.num_minibatches": 2,
+      "optim.learning_rate": 1e-2,
+    },
+  )
+  learner = _learner(cfg)
+  state = learner.state
+  adapters, base = state_lib.split_trainable(cfg, state.policy)
+  # No copy of the base anywhere: no reference, and optimizer moments for adapters only.
+  assert state.ref is None
+  assert sorted(_shapes(state.policy_opt)) == sorted(2 * _shapes(adapters))
+  base_shapes = set(_shapes(base)) - set(_shapes(adapters))
+  outside = state._replace(policy=None)
+  assert not base_shapes & set(_shapes(outside))
+  base_before, adapters_before = jax.device_get((base, adapters))
+
+  batch = _one_batch(learner, cfg)
+  exp, _ = learner.experience(batch)
+  assert np.any(np.asarray(exp.ref_logp_BxN) != 0)
+  np.testing.assert_array_equal(exp.ref_logp_BxN, exp.old_logp_BxN)  # B = 0: policy = base
+  learner.update(exp)
+  adapters_after, base_after = state_lib.split_trainable(cfg, learner.state.policy)
+  assert_bitwise_equal(jax.device_get(base_after), base_before)
+  for path, b in nnx.to_flat_state(jax.device_get(adapters_after)):
+    if str(path[-1]).endswith("lora_b"):  # every B moved off its zero init
+      assert np.any(b[...] != 0), path
+  exp2, _ = learner.experience(batch)
+  # The reference is still the base's log-probs; the policy's moved away from them.
+  np.testing.assert_array_equal(exp2.ref_logp_BxN, exp.ref_logp_BxN)
+  assert not np.array_equal(exp2.old_logp_BxN, exp.old_logp_BxN)
+  base_only = step_lib.sequence_forward(learner.base_def, base_after, batch, 1.0, group=1)
+  m = np.asarray(exp.loss_mask_BxN, bool)
+  np.testing.assert_allclose(np.asarray(base_only)[m], np.asarray(exp2.ref_logp_BxN)[m], atol=1e-6)
+
+
+def test_gradients_reach_the_adapters_only(tmp_path):
+  cfg = small_config(tmp_path, **{"lora.rank": 4, "lora.targets": "q,v", "algo.num_minibatches": 1})
+  learner = _learner(cfg)
+  exp, _ = learner.experience(_one_batch(learner, cfg))
+  adapters, base = state_lib.split_trainable(cfg, learner.state.policy)
+  names = {str(path[-1]) for path, _ in nnx.to_flat_state(adapters)}
+  assert names == {"q_lora_a", "q_lora_b", "v_lora_a", "v_lora_b"}
+  assert not {str(p[-1]) for p, _ in nnx.to_flat_state(base)} & names
+  denominator = core.aggregate_denominator(exp.loss_mask_BxN, cfg.algo.aggregation)
+  grads = jax.grad(
+    lambda a: step_lib.policy_objective(
+      state_lib.join_trainable(a, base),
+      exp,
+      denominator,
+      0.0,
+      policy_def=learner.policy_def,
+      cfg=cfg,
+    )[0]
+  )(adapters)
+  assert all(np.all(np.isfinite(g)) for g in jax.tree.leaves(grads))
+  assert any(np.any(g != 0) for g in jax.tree.leaves(grads))
+  metrics = jax.device_get(learner.update(exp))  # the update's gradient is the adapters' one
+  np.testing.assert_allclose(metrics["grad_norm"][0], optax.tree.norm(grads), rtol=1e-5)
+
+
+def _lora_path_config(tmp_path, **overrides):
+  settings = {
+    "model.path": str(FIXTURES / "qwen2_tied"),
+    "lora.rank": 4,
+    "lora.quantize": "nf4",
+    "lora.quant_tile": 16,
+    "algo.kl_coef": 0.05,
+    "optim.learning_rate": 1e-2,
+    "run.steps": 4,
+    "checkpoint.every": 2,
+  }
+  return small_config(tmp_path, **(settings | overrides))
+
+
+def test_lora_checkpoints_hold_adapters_only_and_resume_bitwise_after_kill_9(tmp_path):
+  ref = train(_lora_path_config(tmp_path / "ref"))
+  cfg = _lora_path_config(tmp_path / "killed")
+  run_killed(cfg, "after-step", 3, tmp_path)  # dies after step 3; the last checkpoint is 2
+  step = tmp_path / "killed" / "run" / "checkpoints" / "2"
+  meta = json.loads((step / "meta" / "metadata").read_text())
+  assert meta["lora_base"]["path"] == str(FIXTURES / "qwen2_tied")
+  saved = json.dumps(json.loads((step / "state" / "_METADATA").read_text()))
+  assert "lora_a" in saved and "embed_VxD" not in saved and "q_DxNxH" not in saved
+  resumed = train(cfg)
+  assert resumed["resumed_from"] == 2
+  assert_bitwise_equal(
+    jax.device_get(resumed["learner"].state), jax.device_get(ref["learner"].state)
+  )
+
+
+def test_resume_refuses_a_base_whose_weights_changed(tmp_path):
+  base = tmp_path / "base"
+  shutil.copytree(FIXTURES / "qwen2_tied", base)
+  train(_lora_path_config(tmp_path, **{"model.path": str(base), "run.steps": 2}))
+  tensors = load_file(base / "model.safetensors")
+  tensors["model.norm.weight"] = tensors["model.norm.weight"] * 2
+  save_file(tensors, base / "model.safetensors")
+  with pytest.raises(ConfigError, match="differ from it"):
+    train(_lora_path_config(tmp_path, **{"model.path": str(base)}))
+
+
+@pytest.fixture(scope="module")
+def lora_run(tmp_path_factory):
+  tmp = tmp_path_factory.mktemp("lora_export")
+  cfg = small_config(
+    tmp, **{"lora.rank": 4, "checkpoint.every": 1, "run.steps": 2, "optim.learning_rate": 1e-2}
+  )
+  summary = train(cfg, task=OnesTask(cfg))
+  learner = summary["learner"]
+  return tmp, nnx.merge(learner.policy_def, jax.device_get(learner.state.policy))
+
+
+def test_merged_export_equals_the_adapter_forward(lora_run):
+  tmp, policy = lora_run
+  with pytest.raises(export_lib.ExportError, match="--merge"):
+    export_lib.export(tmp / "run", tmp / "plain")
+  out = export_lib.export(tmp / "run", tmp / "merged", merge=True)
+  tokens = TOKENS % policy.cfg.vocab_size
+  np.testing.assert_allclose(
+    np.asarray(load_model(out)(tokens)[0]), np.asarray(policy(tokens)[0]), atol=1e-5
+  )
+
+
+def test_adapter_export_is_a_peft_directory(lora_run):
+  tmp, policy = lora_run
+  out = export_lib.export(tmp / "run", tmp / "adapter", adapter=True)
+  config = json.loads((out / "adapter_config.json").read_text())
+  assert config["peft_type"] == "LORA" and config["r"] == 4 and config["lora_alpha"] == 16.0
+  assert set(config["target_modules"]) == {
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "gate_proj",
+    "up_proj",
+    "down_proj",
+  }
+  assert Path(config["base_model_name_or_path"]) == (out / "base").resolve()  # the run's own base
+  tensors = load_file(out / "adapter_model.safetensors")
+  cfg = policy.cfg
+  q_a = tensors["base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"]
+  o_b = tensors["base_model.model.model.layers.0.self_attn.o_proj.lora_B.weight"]
+  assert q_a.shape == (4, cfg.hidden_size) and o_b.shape == (cfg.hidden_size, 4)
+  assert len(tensors) == 2 * 7 * cfg.num_layers
+  # The adapter on its base is the policy: fold the PEFT tensors in by hand.
+  base = load_model(out / "base")
+  q = base.decoder.layers[0].attn.q_DxNxH
+  b = tensors["base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight"]
+  folded = q[...] + (config["lora_alpha"] / config["r"]) * (q_a.T @ b.T).reshape(q.shape)
+  np.testing.assert_allclose(
+    folded,
+    np.asarray(lora_lib.merge_adapters(policy).decoder.layers[0].attn.q_DxNxH[...]),
+    atol=1e-6,
+  )
+
+
+@pytest.mark.parametrize(
+  "overrides, message",
+  [
+    ({"lora.quantize": "nf4"}, "config.lora.quantize='nf4' quantizes a frozen base"),
+    ({"lora.rank": 4, "lora.targets": "qkv"}, "config.lora.targets='qkv'"),
+    ({"lora.rank": 4, "lora.quantize": "fp3"}, "config.lora.quantize='fp3' is unknown"),
+    ({"lora.rank": 4, "lora.dropout": 1.0}, "config.lora.dropout=1.0"),
+    (
+      {"lora.rank": 4, "lora.dropout": 0.1, "model.scan_layers": True},
+      "config.model.scan_layers=False or config.lora.dropout=0",
+    ),
+    ({"lora.rank": -1}, "config.lora.rank=-1"),
+  ],
+)
+def test_bad_lora_settings_name_the_key(tmp_path, overrides, message):
+  with pytest.raises(ConfigError, match=message.replace("(", "\\(").replace(".", "\\.")):
+    small_config(tmp_path, **overrides)

@@ -142,9 +142,11 @@ def table(rows: list[dict], lora: bool = False) -> str:
     "| model | target | "
     + ("fine-tuning | " if lora else "")
     + "mesh (data, fsdp, tensor) | micro-batch rows | remat | log-prob chunk "
-    "| train state per chip | peak per chip | HBM per chip | fits "
+    "| train state per chip | peak per chip | "
+    + ("update's peak | " if lora else "")
+    + "HBM per chip | fits "
     "| est. iteration (compute-bound) | MFU at that time |",
-    "|---|---|" + ("---|" if lora else "") + "---|---|---|---|---|---|---|---|---|---|",
+    "|---|---|" + ("---|---|" if lora else "") + "---|---|---|---|---|---|---|---|---|---|",
   ]
   targets = list(dict.fromkeys([*TARGETS, *(r["target"] for r in rows)]))
   for model in MODELS:
@@ -168,12 +170,16 @@ def _row(r: dict, finetune: str | None) -> str:
     peak = "refused" + (f": {need.group(1)} G of temporaries" if need else "")
   est = f"{it['estimate_s']:.0f} s ({it['compute_bound_s']:.0f} s)" if it else "-"
   mfu = f"{100 * it['mfu']:.0f}%" if it else "-"
+  update = ""
+  if finetune:  # the training step's own peak: LoRA's memory saving is there
+    peak_of = {p["program"]: p.get("peak_bytes") for p in r["programs"]}
+    update = f"{peak_of['update'] / GiB:.1f} GiB | " if peak_of.get("update") else "refused | "
   return (
     f"| {r['model']} | {r['target']} | "
     + (f"{finetune} | " if finetune else "")
     + f"{mesh} | {r['micro_batch_rows']} | {r['remat']} "
-    f"| {r.get('logprob_chunk_tokens', CHUNK)} | {state / GiB:.1f} GiB | {peak} "
-    f"| {r['chip_hbm_bytes'] / GiB:.0f} GiB | {'yes' if r['fits'] else 'no'} | {est} | {mfu} |"
+    f"| {r.get('logprob_chunk_tokens', CHUNK)} | {state / GiB:.1f} GiB | {peak} | {update}"
+    f"{r['chip_hbm_bytes'] / GiB:.0f} GiB | {'yes' if r['fits'] else 'no'} | {est} | {mfu} |"
   )
 
 

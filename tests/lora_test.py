@@ -16,12 +16,13 @@ from flax import nnx
 from safetensors.numpy import load_file, save_file
 from train_test import OnesTask, _learner, _one_batch, small_config
 
+import experiments.default
 from jaxrl_llm import core
 from jaxrl_llm import export as export_lib
 from jaxrl_llm.models import load_model
 from jaxrl_llm.models import lora as lora_lib
 from jaxrl_llm.rollout import generate
-from jaxrl_llm.train import ConfigError, train
+from jaxrl_llm.train import ConfigError, from_config_dict, train
 from jaxrl_llm.train import state as state_lib
 from jaxrl_llm.train import step as step_lib
 
@@ -298,3 +299,43 @@ def test_adapter_export_is_a_peft_directory(lora_run):
 def test_bad_lora_settings_name_the_key(tmp_path, overrides, message):
   with pytest.raises(ConfigError, match=message.replace("(", "\\(").replace(".", "\\.")):
     small_config(tmp_path, **overrides)
+
+
+def test_the_planner_counts_a_4_bit_base_at_half_a_byte():
+  from jaxrl_llm.plan.programs import device_bytes
+
+  arrays = [jax.ShapeDtypeStruct((64, 8), d) for d in (jnp.uint4, jnp.int4, jnp.int8, jnp.bfloat16)]
+  assert [device_bytes(a) for a in arrays] == [256, 256, 512, 1024]
+
+
+def test_lora_grpo_learns_the_default_task(tmp_path):
+  """The default run (warm start, then GRPO) with rank-16 adapters in place of full
+  fine-tuning; measured: held-out greedy accuracy 0.078 -> 0.742 on 256 problems."""
+  c = experiments.default.get_config()
+  c.lora.update(rank=16, alpha=32.0)
+  c.optim.update(learning_rate=7e-4, warmup_steps=100)
+  c.run.update(
+    steps=3000, eval_examples=256, progress=False, tensorboard=False, workdir=str(tmp_path)
+  )
+  c.run.peak_flops_per_device = 1e13  # MFU's reference, so no timing of this host matters
+  c.checkpoint.update(every=0)
+  summary = train(from_config_dict(c), devices=jax.devices()[:1])
+  gain = summary["heldout_accuracy_after"] - summary["heldout_accuracy_before"]
+  assert gain >= 0.20, summary
+
+
+def test_a_quantization_tile_that_does_not_divide_names_the_key(tmp_path):
+  cfg = small_config(tmp_path, **{"lora.rank": 4, "lora.quantize": "int8", "lora.quant_tile": 48})
+  with pytest.raises(ConfigError, match="config.lora.quant_tile=48: .*tiles of 48"):
+    _learner(cfg)
+
+
+def test_a_lora_training_pass_counts_4n_flops_per_token(tmp_path):
+  from jaxrl_llm.train import perf
+
+  full, lora = small_config(tmp_path), small_config(tmp_path, **{"lora.rank": 4})
+  B, G, N = full.batch_size, full.rollout.group_size, full.rollout.max_new_tokens
+  trained_tokens = (B // G if full.share_prompts else B) * 6 + B * N  # prompts of 6 tokens
+  flops = lambda cfg: perf.iteration_flops(1000, cfg, 6, [(6, N)])
+  # The frozen base saves the weight gradients: 2 n per trained token and epoch.
+  assert flops(full) - flops(lora) == 2 * 1000 * trained_tokens * full.algo.ppo_epochs

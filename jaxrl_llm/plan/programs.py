@@ -105,12 +105,22 @@ def abstract_run(cfg: TrainConfig, mesh, model_cfg: ModelConfig) -> Run:
 
 
 def device_bytes(tree) -> int:
-  """Bytes one device holds of a tree of sharded ShapeDtypeStructs (the largest shard)."""
+  """Bytes one device holds of a tree of sharded ShapeDtypeStructs (the largest shard); 4-bit
+  arrays (a QLoRA base) count half a byte an element, as accelerators pack them."""
   total = 0
   for x in jax.tree.leaves(tree):
     shape = x.sharding.shard_shape(x.shape) if x.sharding is not None else x.shape
-    total += math.prod(shape) * jnp.dtype(x.dtype).itemsize
+    total += -(-math.prod(shape) * _bits(x.dtype) // 8)
   return total
+
+
+def _bits(dtype) -> int:
+  dtype = jnp.dtype(dtype)
+  if jnp.issubdtype(dtype, jnp.integer):
+    return jnp.iinfo(dtype).bits
+  if jnp.issubdtype(dtype, jnp.floating):
+    return jnp.finfo(dtype).bits
+  return 8 * dtype.itemsize
 
 
 def _sampling(run: Run):

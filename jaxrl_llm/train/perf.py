@@ -70,7 +70,9 @@ def tokens_per_step(cfg: TrainConfig, prompt_length: int) -> int:
 
 def iteration_flops(n: int, cfg: TrainConfig, prompt_length: int, rollouts) -> float:
   """2 n per token for each forward, 6 n per token for each training pass, n the parameters
-  each token multiplies by (attention's own FLOPs are left out, so MFU errs low).
+  each token multiplies by (attention's own FLOPs are left out, so MFU errs low). With LoRA
+  the policy's training pass is 4 n: a frozen weight needs its forward and the gradient of
+  its input, not its own (the adapters' few FLOPs are left out too).
 
   `rollouts`: `(prompt_length, decode_steps)` of each sampling round this iteration ran
   (more than one with dynamic sampling); a round prefills each prompt once and decodes every
@@ -82,8 +84,9 @@ def iteration_flops(n: int, cfg: TrainConfig, prompt_length: int, rollouts) -> f
   sampled = sum(B // G * p + B * steps for p, steps in rollouts)
   scored = (B // G if cfg.share_prompts else B) * prompt_length + B * N
   forwards = (not cfg.single_update) + cfg.uses_reference + cfg.uses_critic
-  passes = cfg.algo.ppo_epochs * (1 + cfg.uses_critic)
-  return 2 * n * (sampled + scored * forwards) + 6 * n * scored * passes
+  policy_pass = 4 if cfg.lora.rank else 6
+  passes = cfg.algo.ppo_epochs * (policy_pass + 6 * cfg.uses_critic)
+  return 2 * n * (sampled + scored * forwards) + n * scored * passes
 
 
 def mfu(flops: float, seconds: float, peak: float) -> float:

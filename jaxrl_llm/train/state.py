@@ -12,7 +12,7 @@ from jax.sharding import PartitionSpec as P
 from jaxrl_llm import core
 from jaxrl_llm.models import lora as lora_lib
 from jaxrl_llm.models.sharding import DEFAULT_RULES, param_shardings
-from jaxrl_llm.train.config import TrainConfig
+from jaxrl_llm.train.config import ConfigError, TrainConfig
 
 NO_LIMIT = 2**31 - 1  # apply_if_finite never gives up by itself; the host loop decides
 
@@ -54,7 +54,10 @@ def with_adapters(cfg: TrainConfig, base_def: nnx.GraphDef, base: nnx.State) -> 
     return base
   model = nnx.merge(base_def, base)
   if cfg.lora.quantize:
-    model = lora_lib.quantize_base(model, cfg.lora.quantize, cfg.lora.quant_tile)
+    try:
+      model = lora_lib.quantize_base(model, cfg.lora.quantize, cfg.lora.quant_tile)
+    except ValueError as e:
+      raise ConfigError(f"config.lora.quant_tile={cfg.lora.quant_tile}: {e}") from None
   return nnx.state(lora_lib.add_adapters(model, lora, seed=cfg.run.seed + 5))
 
 

@@ -200,22 +200,15 @@ def quantize_base(model, qtype: str, tile: int = 64):
   return model
 
 
-def add_adapters(model, lora: LoraConfig, seed: int, sharding=None):
+def add_adapters(model, lora: LoraConfig, seed: int):
   """A copy of `model` (a `CausalLM` without adapters) with fresh adapters: its weights are
-  `model`'s own arrays (no copy), the adapters are drawn from `seed` (B = 0), placed by
-  `sharding(logical_axes, shape)` when given."""
+  `model`'s own arrays (no copy), the adapters are drawn from `seed` (B = 0). Placement is
+  the caller's: the trainer runs this inside its jitted, sharded state init."""
   cfg = model.cfg.replace(lora=lora)
   make = lambda: type(model)(cfg, rngs=nnx.Rngs(seed))
-  graphdef, abstract_adapters, _ = nnx.split(nnx.eval_shape(make), nnx.LoRAParam, ...)
-  out = None
-  if sharding is not None:
-    out = jax.tree.map(
-      lambda v: sharding(v.logical_axes, v.shape),
-      abstract_adapters,
-      is_leaf=lambda x: isinstance(x, nnx.Variable),
-    )
+  graphdef = nnx.split(nnx.eval_shape(make))[0]
   # Only the adapters leave the jitted init, so XLA drops the base weights' initialisation.
-  adapters = jax.jit(lambda: nnx.split(make(), nnx.LoRAParam, ...)[1], out_shardings=out)()
+  adapters = jax.jit(lambda: nnx.split(make(), nnx.LoRAParam, ...)[1])()
   return nnx.merge(graphdef, adapters, nnx.state(model))
 
 

@@ -6,14 +6,16 @@ record the held-out curve.
 
 Writes, under experiments/results/:
 - smollm2_arithmetic.jsonl: one line per run (machine, commit, settings, held-out greedy
-  accuracy before and after, wall time), appended;
+  accuracy before and after, wall time, median step time, the process's peak RSS), appended;
 - smollm2_arithmetic_curve.jsonl: that run's metrics, one line per step (and step 0, the
   starting model's held-out accuracy), replaced;
 - smollm2_arithmetic.png: held-out accuracy and the training reward over the steps.
 """
 
 import json
+import resource
 import shutil
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -92,12 +94,19 @@ def main(argv):
     "steps": cfg.run.steps,
     "heldout_examples": cfg.run.eval_examples,
     "wall_seconds": seconds,  # conversion (when needed), compilation, evaluations, every step
+    # steps after the first, which compiles
+    "step_time_s_median": statistics.median(r["step_time_s"] for r in steps[1:]),
+    # Linux reports ru_maxrss in KiB: the peak resident set of this whole process
+    "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
     "heldout_accuracy_before": before,
     "heldout_accuracy_after": after,
     "curve": curve.name,
   }
   write_jsonl(RESULTS / f"{_NAME.value}.jsonl", provenance.stamp() | row)
-  print(f"heldout_accuracy before={before:.3f} after={after:.3f} in {seconds:.0f} s")
+  print(
+    f"heldout_accuracy before={before:.3f} after={after:.3f} in {seconds:.0f} s, "
+    f"step {row['step_time_s_median']:.1f} s, peak RSS {row['peak_rss_gib']:.2f} GiB"
+  )
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ ahead of time: no weights are loaded and nothing runs.
 
   python -m experiments.benchmarks.bench_memory [--models 0.5b,1.5b] [--devices 1,8]
       [--settings full_logits,chunked,remat_full,remat_dots] [--lengths 512,1024,2048]
+      [--finetune full,lora,qlora]
   python -m experiments.benchmarks.bench_memory --table   # the committed rows, as Markdown
 
 Each program is `jax.jit(...).lower(ShapeDtypeStructs).compile().memory_analysis()` of
@@ -18,6 +19,13 @@ Settings, each a set of `config.model` keys:
   chunked     logprob_chunk_tokens=2048, attention_chunk=256, scan_layers
   remat_full  chunked + remat=full
   remat_dots  chunked + remat=dots_with_no_batch_dims_saveable
+
+Fine-tuning, each a set of `config.lora` keys on top of a setting:
+  full   every weight trained: a reference copy, AdamW moments and gradients for all
+  lora   rank-16 adapters (alpha 32) on q, k, v, o, gate, up, down; the float32 base frozen,
+         the reference is the base without adapters (no copy)
+  qlora  lora on a base stored nf4, one scale per 64 inputs per output channel
+LoRA and QLoRA rows are compiled at 1024 completion tokens only; `full` covers the sweep.
 
 Prints per-device bytes: arguments, outputs, temporaries, and the peak XLA plans
 (arguments + outputs + temporaries - donated aliases), and appends one row per program
@@ -54,12 +62,18 @@ SETTINGS = {
   "remat_dots": CHUNKED | dict(remat="dots_with_no_batch_dims_saveable"),
 }
 PROMPTS, GROUP, PROMPT_LEN, MICRO_ROWS = 16, 16, 256, 16
+FINETUNE = {
+  "full": {},
+  "lora": dict(rank=16, alpha=32.0),
+  "qlora": dict(rank=16, alpha=32.0, quantize="nf4", quant_tile=64),
+}
 GiB = 2**30
 
 
-def train_config(model: str, setting: str, length: int, devices: int):
+def train_config(model: str, setting: str, length: int, devices: int, finetune: str = "full"):
   m = MODELS[model]
   d = default_config_dict()
+  d.lora.update(FINETUNE[finetune])
   d.model.update(
     architecture="qwen2",
     hidden_size=m["hidden_size"],
@@ -89,9 +103,9 @@ def model_config(cfg) -> ModelConfig:
   return learner_lib.model_config(cfg, VOCAB, eos_id=0).replace(rope_theta=1e6)
 
 
-def measure(model: str, setting: str, length: int, devices: int) -> list[dict]:
+def measure(model: str, setting: str, length: int, devices: int, finetune: str) -> list[dict]:
   """Compiles both programs for one configuration; their memory, one row each."""
-  cfg = train_config(model, setting, length, devices)
+  cfg = train_config(model, setting, length, devices, finetune)
   mesh = make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor, jax.devices()[:devices])
   run = programs_lib.abstract_run(cfg, mesh, model_config(cfg))
   out = []
@@ -107,6 +121,7 @@ def measure(model: str, setting: str, length: int, devices: int) -> list[dict]:
       program=name,
       setting=setting,
       **SETTINGS[setting],
+      finetune=finetune,
       devices=devices,
       completion_tokens=length,
       argument_bytes=memory.argument_size_in_bytes,
@@ -119,7 +134,7 @@ def measure(model: str, setting: str, length: int, devices: int) -> list[dict]:
     row["peak_bytes"] -= row["alias_bytes"]
     out.append(row)
     print(
-      f"{row['model']:13s} {devices} dev  T={length:5d}  {setting:10s} {name:10s}  "
+      f"{row['model']:13s} {devices} dev  T={length:5d}  {setting:10s} {finetune:5s} {name:10s} "
       f"args {row['argument_bytes'] / GiB:6.2f}  out {row['output_bytes'] / GiB:6.2f}  "
       f"temp {row['temp_bytes'] / GiB:7.2f}  peak {row['peak_bytes'] / GiB:7.2f} GiB"
       f"  ({seconds:.0f} s to compile)",
@@ -128,38 +143,42 @@ def measure(model: str, setting: str, length: int, devices: int) -> list[dict]:
   return out
 
 
-def plan(args) -> list[tuple[str, str, int, int]]:
-  """(model, setting, length, devices) to compile: every setting at 1024 tokens, and the
-  length sweep for the full-logit path and remat_full."""
+def plan(args) -> list[tuple[str, str, int, int, str]]:
+  """(model, setting, length, devices, finetune) to compile: every setting at 1024 tokens,
+  the length sweep for the full-logit path and remat_full, LoRA and QLoRA at 1024 only."""
   runs = []
   for model in args.models:
     for devices in args.devices:
       for setting in args.settings:
-        lengths = args.lengths if setting in ("full_logits", "remat_full") else [1024]
-        runs += [(model, setting, length, devices) for length in lengths]
+        for finetune in args.finetune:
+          sweep = finetune == "full" and setting in ("full_logits", "remat_full")
+          lengths = args.lengths if sweep else [1024]
+          runs += [(model, setting, length, devices, finetune) for length in lengths]
   return runs
 
 
 def table(rows: list[dict]) -> str:
   """The README's Markdown table from committed rows: the newest row of each program."""
   newest = {}
-  for r in rows:
-    key = (r["model"], r["devices"], r["completion_tokens"], r["setting"], r["program"])
+  for r in rows:  # rows from before the fine-tuning column trained every weight
+    tune = r.get("finetune", "full")
+    key = (r["model"], r["devices"], r["completion_tokens"], r["setting"], tune, r["program"])
     newest[key] = r
   lines = [
-    "| model | devices | completion tokens | setting | experience peak | update temporaries "
-    "| update peak |",
-    "|---|---|---|---|---|---|---|",
+    "| model | devices | completion tokens | setting | fine-tuning | experience peak "
+    "| update temporaries | update peak |",
+    "|---|---|---|---|---|---|---|---|",
   ]
-  order = lambda k: (k[0], k[1], list(SETTINGS).index(k[3]), k[2])
-  for model, devices, length, setting, program in sorted(newest, key=order):
+  order = lambda k: (k[0], k[1], list(SETTINGS).index(k[3]), k[2], list(FINETUNE).index(k[4]))
+  for *key, program in sorted(newest, key=order):
     if program != "update":
       continue
-    update = newest[(model, devices, length, setting, "update")]
-    exp = newest.get((model, devices, length, setting, "experience"))
+    model, devices, length, setting, tune = key
+    update = newest[(*key, "update")]
+    exp = newest.get((*key, "experience"))
     exp_peak = f"{exp['peak_bytes'] / GiB:.2f} GiB" if exp else ""
     lines.append(
-      f"| {model} | {devices} | {length} | {setting} | {exp_peak} | "
+      f"| {model} | {devices} | {length} | {setting} | {tune} | {exp_peak} | "
       f"{update['temp_bytes'] / GiB:.2f} GiB | {update['peak_bytes'] / GiB:.2f} GiB |"
     )
   return "\n".join(lines)
@@ -172,9 +191,13 @@ def main(argv=None):
   parser.add_argument("--devices", type=split(int), default=[1, 8])
   parser.add_argument("--settings", type=split(str), default=list(SETTINGS))
   parser.add_argument("--lengths", type=split(int), default=[512, 1024, 2048])
+  parser.add_argument("--finetune", type=split(str), default=list(FINETUNE))
   parser.add_argument("--no-write", action="store_true", help="print only")
   parser.add_argument("--table", action="store_true", help="print the committed rows as Markdown")
   args = parser.parse_args(argv)
+  for name, known in (("models", MODELS), ("settings", SETTINGS), ("finetune", FINETUNE)):
+    if unknown := set(getattr(args, name)) - set(known):
+      parser.error(f"--{name}: unknown {sorted(unknown)}; choose from {', '.join(known)}")
   if args.table:
     print(table(read_results("bench_memory")))
     return

@@ -50,6 +50,7 @@ class Suite:
   methods: tuple[str, ...]
   tasks: dict[str, TaskSpec]
   steps: int
+  env: tuple = ()  # (name, value) pairs every run of the suite gets, e.g. its device count
 
 
 SUITES = {
@@ -81,6 +82,19 @@ SUITES = {
   ),
 }
 
+ADD2 = SUITES["grpo_vs_ppo"].tasks["add2"]
+SUITES["off_policy"] = Suite(
+  description="GRPO on-policy, one step off-policy (same devices, and asynchronous on a "
+  "sampler mesh of its own) and with top-p 0.9 sampling, with and without token TIS against "
+  "the sampler's log-probs. Every run has 2 CPU devices (JAX_NUM_CPU_DEVICES=2): the "
+  "synchronous methods use both for data parallelism, the asynchronous one gives one to the "
+  "sampler and one to the trainer.",
+  methods=("sync_tis", "offpolicy_k1_tis", "async_k1_tis", "top_p_none", "top_p_tis"),
+  tasks={"add2": ADD2},
+  steps=600,
+  env=(("JAX_NUM_CPU_DEVICES", "2"),),
+)
+
 SMOKE = {  # 2 steps per method: checks the whole pipeline, measures nothing
   "run.steps": 2,
   "run.eval_every": 1,
@@ -97,20 +111,20 @@ def _flags(settings: dict) -> list[str]:
   return [f"--config.{k}={v}" for k, v in settings.items()]
 
 
-def _env(out: Path) -> dict:
+def _env(out: Path, extra=()) -> dict:
   """The runs share a persistent compilation cache: seeds 2.. skip XLA compilation."""
-  env = dict(os.environ)
+  env = dict(os.environ) | dict(extra)
   env.setdefault("JAX_COMPILATION_CACHE_DIR", str(out / ".jax_cache"))
   env.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
   return env
 
 
-def _run(command: list[str], log: Path, out: Path) -> None:
+def _run(command: list[str], log: Path, out: Path, env=()) -> None:
   log.parent.mkdir(parents=True, exist_ok=True)
   with log.open("a") as f:
     f.write(f"\n$ {' '.join(command)}\n")
     f.flush()
-    proc = subprocess.run(command, cwd=REPO, stdout=f, stderr=subprocess.STDOUT, env=_env(out))
+    proc = subprocess.run(command, cwd=REPO, stdout=f, stderr=subprocess.STDOUT, env=_env(out, env))
   if proc.returncode != 0:
     tail = "".join(log.read_text().splitlines(keepends=True)[-25:])
     raise RuntimeError(f"{' '.join(command[:6])} ... failed ({proc.returncode}); {log}:\n{tail}")
@@ -158,7 +172,7 @@ def run_one(
   if _is_done(workdir, settings["run.steps"]):
     return False
   base = [sys.executable, "-m", "jaxrl_llm.train", "--config", f"experiments/ablation/{method}.py"]
-  _run(base + _flags(settings), workdir / "log.txt", out)
+  _run(base + _flags(settings), workdir / "log.txt", out, suite.env)
   return True
 
 
@@ -190,9 +204,10 @@ def collect_run(workdir: Path, target: float) -> dict:
   summary = json.loads((workdir / "summary.json").read_text())
   rows = _rows(workdir)
   elapsed = np.cumsum([r["step_time_s"] for r in rows])
-  evals = [(int(r["step"]), r["heldout_accuracy"], float(elapsed[i])) for i, r in enumerate(rows)
-           if r.get("heldout_accuracy") is not None]  # fmt: skip
-  reached = next(((s, t) for s, a, t in evals if a >= target), None)
+  sampled = np.cumsum([r.get("completions_sampled", 0) for r in rows])
+  evals = [(int(r["step"]), r["heldout_accuracy"], float(elapsed[i]), int(sampled[i]))
+           for i, r in enumerate(rows) if r.get("heldout_accuracy") is not None]  # fmt: skip
+  reached = next(((s, t) for s, a, t, _ in evals if a >= target), None)
   steps = np.array([r["step"] for r in rows])
   lengths = np.array([r["response_length_mean"] for r in rows], float)
   clip = [
@@ -205,7 +220,11 @@ def collect_run(workdir: Path, target: float) -> dict:
     "train_seconds": float(elapsed[-1]) if len(elapsed) else 0.0,
     "steps_to_target": None if reached is None else reached[0],
     "seconds_to_target": None if reached is None else reached[1],
-    "eval_curve": [[0, summary["heldout_accuracy_before"]]] + [[s, a] for s, a, _ in evals],
+    "eval_curve": [[0, summary["heldout_accuracy_before"]]] + [[s, a] for s, a, _, _ in evals],
+    "eval_curve_seconds": [[0.0, summary["heldout_accuracy_before"]]]
+    + [[t, a] for _, a, t, _ in evals],
+    "eval_curve_samples": [[0, summary["heldout_accuracy_before"]]]
+    + [[n, a] for _, a, _, n in evals if n],
     "length_curve": [list(x) for x in zip(*_downsample(steps, lengths), strict=True)],
     "final": {
       "kl": _final(rows, "kl_ref_k3"),
@@ -261,22 +280,26 @@ def plot(results: dict, suite: Suite, out: Path) -> list[str]:
   files = []
   colors = dict(zip(suite.methods, plt.cm.tab10.colors, strict=False))
   for task in suite.tasks:
-    for kind, key, ylabel in (
-      ("accuracy", "eval_curve", "held-out greedy accuracy"),
-      ("length", "length_curve", "mean response length (tokens, training samples)"),
+    for kind, key, xlabel, ylabel in (
+      ("accuracy", "eval_curve", "RL step", "held-out greedy accuracy"),
+      ("accuracy_time", "eval_curve_seconds", "training seconds", "held-out greedy accuracy"),
+      ("accuracy_samples", "eval_curve_samples", "completions sampled", "held-out greedy accuracy"),
+      ("length", "length_curve", "RL step", "mean response length (tokens, training samples)"),
     ):
+      if not all(len(v.get(key) or ()) > 1 for v in results["runs"].values()):
+        continue  # results from before the curve was recorded
       fig, ax = plt.subplots(figsize=(7, 4.2))
       for method in suite.methods:
         curves = [v[key] for k, v in results["runs"].items() if k.startswith(f"{task}/{method}/")]
         if not curves or not curves[0]:
           continue
         n = min(len(c) for c in curves)
-        steps = np.array([p[0] for p in curves[0][:n]])
+        steps = np.array([[p[0] for p in c[:n]] for c in curves], float).mean(0)  # seconds vary
         values = np.array([[p[1] for p in c[:n]] for c in curves], float)
         ax.plot(steps, values.mean(0), label=method, color=colors[method])
         if len(curves) > 1:
           ax.fill_between(steps, values.min(0), values.max(0), alpha=0.15, color=colors[method])
-      ax.set_xlabel("RL step")
+      ax.set_xlabel(xlabel if kind != "accuracy_time" else f"{xlabel} (mean over seeds)")
       ax.set_ylabel(ylabel)
       ax.set_title(f"{task}: {ylabel} (mean; band: min-max over seeds)", fontsize=10)
       ax.grid(alpha=0.3)

@@ -34,6 +34,7 @@ def _fake_run(workdir, accuracies, eval_every=2, lengths=(3.0, 5.0)):
       "clipfrac_low": 0.01,
       "clipfrac_high": 0.02,
       "accuracy": 0.5,
+      "completions_sampled": 64,
     }
     if step % eval_every == 0:
       row["heldout_accuracy"] = accuracies[step // eval_every - 1]
@@ -49,6 +50,8 @@ def test_collect_run_finds_the_first_crossing_and_the_final_window(tmp_path):
   assert run["steps_to_target"] == 4  # the second evaluation (step 4) first reaches 0.2
   assert run["seconds_to_target"] == pytest.approx(4 * 0.5)
   assert run["eval_curve"] == [[0, 0.1], [2, 0.1], [4, 0.25], [6, 0.2], [8, 0.4], [10, 0.5]]
+  assert run["eval_curve_seconds"][:3] == [[0.0, 0.1], [1.0, 0.1], [2.0, 0.25]]
+  assert run["eval_curve_samples"][:3] == [[0, 0.1], [128, 0.1], [256, 0.25]]
   assert run["final"]["kl"] == pytest.approx(0.10)  # the last 10% of 10 steps: step 10
   assert run["final"]["clipfrac"] == pytest.approx(0.03)
   assert (run["before"], run["after"]) == (0.1, 0.5)
@@ -93,5 +96,6 @@ def test_report_has_a_table_per_task_and_plots(tmp_path):
   assert "| ppo | 0.405 ± 0.064 | 4 (2/2) |" in text  # mean of 0.40, 0.41; t(1 dof)=12.706
   assert "| grpo | 0.205 ± 0.064 | 4 (2/2) |" in text  # both reach t1's target 0.2 at step 4
   assert "| grpo | 0.205 ± 0.064 | – (0/2) |" in text  # neither reaches t2's 0.3
-  for name in ("t1_accuracy.png", "t1_length.png", "t2_accuracy.png", "t2_length.png"):
+  kinds = ("accuracy", "accuracy_time", "accuracy_samples", "length")
+  for name in (f"{task}_{kind}.png" for task in ("t1", "t2") for kind in kinds):
     assert (out / name).stat().st_size > 1000 and f"({name})" in text

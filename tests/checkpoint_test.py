@@ -21,7 +21,7 @@ from jaxrl_llm.train.checkpoint import config_dict
 
 REPO = Path(__file__).resolve().parents[1]
 INTERRUPTED = REPO / "tests" / "fixtures" / "interrupted_run.py"
-TIMING = ("step_time_s", "tokens_per_s", "mfu")
+TIMING = ("step_time_s", "rollout_wait_s", "tokens_per_s", "mfu")
 N = 2  # checkpoint every N steps; runs are 2N steps
 
 

@@ -210,7 +210,7 @@ def test_task_text_settings_errors_name_the_key(tmp_path, overrides, key):
 
 
 def test_pretrained_settings_that_spoil_a_run_get_advice(tmp_path):
-  from jaxrl_llm.train.config import advice
+  from jaxrl_llm.train.validate import advice
 
   toy = {"optim.learning_rate": 5e-4, "warmstart.steps": 300, "warmstart.learning_rate": 3e-3}
   notes = advice(small_config(tmp_path, **{"model.path": "tests/fixtures/qwen2_untied"} | toy))

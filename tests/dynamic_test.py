@@ -17,6 +17,7 @@ def _round(scores, prompt_len, offset):
     np.ones((B, 3), bool),
     np.asarray(scores, np.float32),
     np.zeros(B, bool),
+    np.full((B, 3), -offset / 1000, np.float32),
   )
 
 
@@ -32,6 +33,7 @@ def test_assemble_prefers_informative_groups_and_keeps_shapes():
   batch = assemble([first, second], group_size=2, num_groups=2, pad_id=7)
   np.testing.assert_array_equal(batch.scores_B, [0, 1, 0, 1])
   np.testing.assert_array_equal(batch.tokens_BxN[:, 0], [102, 103, 200, 201])
+  np.testing.assert_allclose(batch.logprobs_BxN[:, 0], [-0.1, -0.1, -0.2, -0.2], rtol=1e-6)
   assert batch.prompt_BxP.shape == (4, 5)  # re-padded on the left to the longer round
   np.testing.assert_array_equal(batch.prompt_BxP[0], [7, 7, 100, 100, 100])
   np.testing.assert_array_equal(batch.prompt_mask_BxP[0], [0, 0, 1, 1, 1])

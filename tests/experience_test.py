@@ -11,6 +11,7 @@ from train_test import OnesTask, _learner, _one_batch, small_config
 
 from jaxrl_llm.train import loop as loop_lib
 from jaxrl_llm.train import perf, train
+from jaxrl_llm.train import producer as producer_lib
 
 
 def _truncated_batch(learner, cfg):
@@ -124,7 +125,7 @@ def test_generation_stops_on_every_declared_end_id(tmp_path):
   learner = _learner(cfg)
   task = loop_lib.Task(cfg)
   local = task.spec.examples("train", 8, 0)
-  prompt = loop_lib._local_prompts(learner, task, local)
+  prompt = producer_lib.local_prompts(learner, task, local)
   run = lambda lrn: jax.device_get(
     lrn.generate(
       lrn.policy,

@@ -20,7 +20,7 @@ from jaxrl_llm.train.checkpoint import config_dict
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "tests" / "fixtures" / "multihost_run.py"
-TIMING = ("step_time_s", "tokens_per_s", "mfu")
+TIMING = ("step_time_s", "rollout_wait_s", "tokens_per_s", "mfu")
 DEADLINE_S = 70  # per launch; the test ends, pass or fail, well within 3 minutes
 
 
@@ -123,3 +123,26 @@ def test_two_processes_equal_one_process_with_8_devices(tmp_path):
         np.testing.assert_allclose(m[key], s[key], rtol=1e-4, atol=1e-5, err_msg=key)
   summary = json.loads((Path(multi_cfg.run.workdir) / "summary.json").read_text())
   assert summary["heldout_accuracy_after"] == single["heldout_accuracy_after"]
+
+
+def test_async_sampler_mesh_spanning_two_processes(tmp_path):
+  """Async mode across 2 processes x 4 devices: the sampler takes 2 devices of each
+  process (a 4-device mesh over both), the trainer the other 4; the run equals the same
+  async run in one process with 8 devices."""
+  settings = {
+    "mesh.fsdp": 2,
+    "rollout.mode": "async",
+    "rollout.sampler_devices": 4,
+    "rollout.off_policy_steps": 1,
+    "algo.correction": "token_tis",
+    "run.steps": 2,
+  }
+  multi_cfg = small_config(tmp_path / "multi", **settings)
+  _launch(multi_cfg, tmp_path)
+  single = train(small_config(tmp_path / "single", **settings), task=OnesTask(multi_cfg))
+  multi_rows, single_rows = _rows(multi_cfg.run.workdir), _rows(single["workdir"])
+  assert [r["staleness_max"] for r in multi_rows] == [0, 1]
+  for m, s in zip(multi_rows, single_rows, strict=True):
+    for key in m:
+      if m[key] is not None and s[key] is not None:
+        np.testing.assert_allclose(m[key], s[key], rtol=1e-4, atol=1e-5, err_msg=key)

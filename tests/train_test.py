@@ -17,6 +17,7 @@ from jaxrl_llm import core
 from jaxrl_llm.models.sharding import make_mesh
 from jaxrl_llm.train import ConfigError, TrainingDiverged, from_config_dict, train
 from jaxrl_llm.train import loop as loop_lib
+from jaxrl_llm.train import producer as producer_lib
 from jaxrl_llm.train import step as step_lib
 from jaxrl_llm.train.learner import Learner
 
@@ -74,10 +75,15 @@ def test_8_device_iteration_equals_1_device(tmp_path):
 def _one_batch(learner, cfg, seed=0):
   task = OnesTask(cfg)  # rewards that vary within groups, so advantages are not all zero
   examples = task.spec.examples("train", cfg.rollout.prompts_per_step, seed)
-  prompt, out = loop_lib._rollout(learner, task, examples, cfg, jax.random.key(seed))
-  scores, _, _ = loop_lib._score(learner, task, examples, out, cfg)
+  prompt, out = producer_lib.sample(learner, task, examples, cfg, jax.random.key(seed))
+  scores, _, _ = producer_lib.scored(learner, task, examples, out, cfg)
   return step_lib.Batch(
-    *prompt, out.tokens_BxN, out.mask_BxN, learner.shard_batch(scores), out.truncated_B
+    *prompt,
+    out.tokens_BxN,
+    out.mask_BxN,
+    learner.shard_batch(scores),
+    out.truncated_B,
+    behav_logp_BxN=out.logprobs_BxN,
   )
 
 
@@ -261,8 +267,15 @@ def test_metrics_row_has_the_documented_keys(tmp_path):
     "grad_norm",
     "learning_rate",
     "step_time_s",
+    "rollout_wait_s",
     "tokens_per_s",
     "mfu",
+    "mismatch_k3",
+    "is_weight_mean",
+    "is_weight_max",
+    "is_masked_frac",
+    "staleness_mean",
+    "staleness_max",
     "value_loss",
     "vf_clipfrac",
     "skipped_updates",
@@ -309,8 +322,15 @@ def test_nan_updates_are_skipped_then_stop(tmp_path):
       {"algo.kl_placement": "none", "algo.kl_coef": 0.1},
       r"kl_placement='none' with config.algo.kl_coef=0.1.*kl_placement='loss'",
     ),
-    ({"rollout.top_k": 50}, r"config.rollout.top_k=50 truncates.*unset \(or 0\)"),
-    ({"rollout.top_p": 0.9}, r"config.rollout.top_p=0.9 truncates.*unset \(or 1.0\)"),
+    ({"algo.correction": "tis"}, r"config.algo.correction='tis' is unknown.*token_tis"),
+    (
+      {"algo.correction": "token_tis", "algo.correction_reduce": "product"},
+      r"correction_reduce is set but correction='token_tis' takes no reduce",
+    ),
+    (
+      {"algo.correction": "icepop", "algo.correction_low": 2.0},
+      r"correction='icepop': the band must hold 1",
+    ),
     (
       {"model.param_dtype": "bfloat16"},
       r"param_dtype='bfloat16'.*param_dtype='float32' with config.model.dtype='bfloat16'",

@@ -93,6 +93,9 @@ def _case_list():
     )
   for name in sorted(core.POLICY_LOSSES):
     cases.append((f"policy_loss[{name}]", functools.partial(_policy_case, name), "logp"))
+  for name in sorted(core.CORRECTIONS):
+    cases.append((f"correction[{name}]", functools.partial(_correction_case, name), "old_logp"))
+  cases.append(("staleness_metrics", _staleness_case, "scores"))
   cases.append(("clipped_value_loss", _value_case, "values"))
   for mode in sorted(core.AGGREGATION_MODES):
     cases.append((f"aggregate[{mode}]", functools.partial(_aggregate_case, mode), "values"))
@@ -109,6 +112,14 @@ def _group_case(name, b, ax):
 def _policy_case(name, b, ax):
   adv_B = b["scores"]
   return core.POLICY_LOSSES[name](b["logp"], b["old_logp"], adv_B, b["mask"], axis_name=ax)
+
+
+def _correction_case(name, b, ax):
+  return core.CORRECTIONS[name](b["old_logp"], b["logp"], b["mask"], axis_name=ax)
+
+
+def _staleness_case(b, ax):
+  return (), core.staleness_metrics(b["lengths"], 9, axis_name=ax)
 
 
 def _value_case(b, ax):

@@ -1,4 +1,5 @@
-"""Pure RL math on arrays: log-probs, advantages, KL, policy and value losses, aggregation.
+"""Pure RL math on arrays: log-probs, advantages, KL, policy and value losses, aggregation,
+and corrections for the sampler-trainer mismatch.
 
 Nothing here knows about models or configs. Every function works under
 `jax.jit`, `jax.vmap`, `jax.grad`, `jax.shard_map` and `jax.pmap`; functions
@@ -22,6 +23,16 @@ from jaxrl_llm.core.aggregate import (
   AggregationMode,
   aggregate,
   aggregate_denominator,
+)
+from jaxrl_llm.core.correction import (
+  CORRECTIONS,
+  icepop,
+  no_correction,
+  sequence_mis,
+  sequence_tis,
+  staleness_metrics,
+  token_mis,
+  token_tis,
 )
 from jaxrl_llm.core.entropy import (
   EntropyController,
@@ -51,6 +62,14 @@ from jaxrl_llm.core.stats import (
 from jaxrl_llm.core.value_loss import clipped_value_loss
 
 __all__ = [
+  "CORRECTIONS",
+  "icepop",
+  "no_correction",
+  "sequence_mis",
+  "sequence_tis",
+  "staleness_metrics",
+  "token_mis",
+  "token_tis",
   "EntropyController",
   "EntropyControllerState",
   "entropy_controller",

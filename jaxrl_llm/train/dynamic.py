@@ -13,7 +13,8 @@ from jaxrl_llm.data import pad_left_to
 
 
 class Round(NamedTuple):
-  """One rollout on the host: group-major rows of prompts, completions and scores."""
+  """One rollout on the host: group-major rows of prompts, completions and scores, and
+  the sampler's log-probs of the completion tokens."""
 
   prompt_BxP: np.ndarray
   prompt_mask_BxP: np.ndarray
@@ -21,6 +22,7 @@ class Round(NamedTuple):
   mask_BxN: np.ndarray
   scores_B: np.ndarray
   truncated_B: np.ndarray
+  logprobs_BxN: np.ndarray
 
 
 def informative_groups(scores_B: np.ndarray, group_size: int) -> np.ndarray:
@@ -51,6 +53,7 @@ def assemble(rounds: list[Round], group_size: int, num_groups: int, pad_id: int)
         rnd.mask_BxN[rows],
         rnd.scores_B[rows],
         rnd.truncated_B[rows],
+        rnd.logprobs_BxN[rows],
       )
     )
   return Round(*(np.concatenate(field) for field in zip(*parts, strict=True)))

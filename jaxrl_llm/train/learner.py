@@ -219,9 +219,19 @@ class Learner:
     return jax.tree.map(lambda x: hosts.to_global(self.mesh, x, np.shape(x)[0] * n), tree)
 
   def generate(
-    self, params, prompt_BxP, mask_BxP, rng, *, num_samples, temperature, max_new_tokens=None
+    self,
+    params,
+    prompt_BxP,
+    mask_BxP,
+    rng,
+    *,
+    num_samples,
+    temperature,
+    max_new_tokens=None,
+    mesh=None,
   ) -> SampleOutput:
-    """Samples from `params`: the state's policy, or before `init_state` the base's."""
+    """Samples from `params`: the state's policy, or before `init_state` the base's. `mesh`:
+    the mesh the params and prompts are on (default: the learner's)."""
     r = self.cfg.rollout
     graphdef = self.base_def if self.state is None else self.policy_def
     return generate(
@@ -230,7 +240,7 @@ class Learner:
       mask_BxP,
       rng,
       params=params,
-      mesh=self.mesh,
+      mesh=self.mesh if mesh is None else mesh,
       max_new_tokens=max_new_tokens or r.max_new_tokens,
       temperature=temperature,
       top_k=(r.top_k or None) if temperature else None,

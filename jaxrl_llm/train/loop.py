@@ -1,8 +1,10 @@
-"""The host loop: rollout, rewards, experience, update, metrics; with warm start and evaluation.
+"""The host loop: setup and resume, warm start, then per step the rollout producer's batch,
+the learner's update, evaluation, checkpoint and preemption.
 
 summary = train(from_config_dict(get_config()))
 """
 
+import dataclasses
 import datetime
 import json
 import logging
@@ -11,22 +13,24 @@ from pathlib import Path
 
 import jax
 import numpy as np
+from jax.sharding import Mesh
 from tqdm import tqdm
 
-from jaxrl_llm.data import PromptBatch, pad_left_to, prompt_iterator
+from jaxrl_llm.data import pad_left_to, prompt_iterator
 from jaxrl_llm.models.config import to_hf_config
 from jaxrl_llm.models.sharding import make_mesh
-from jaxrl_llm.rewards import score
 from jaxrl_llm.train import checkpoint as checkpoint_lib
-from jaxrl_llm.train import dynamic, hosts, perf
+from jaxrl_llm.train import hosts, perf
+from jaxrl_llm.train import producer as producer_lib
 from jaxrl_llm.train import step as step_lib
-from jaxrl_llm.train.config import ConfigError, TrainConfig, advice, validate
+from jaxrl_llm.train.config import TrainConfig
 from jaxrl_llm.train.learner import Learner
 from jaxrl_llm.train.metrics import MetricsWriter, to_python
 from jaxrl_llm.train.preemption import Preemption
 from jaxrl_llm.train.sft import warm_start
 from jaxrl_llm.train.step import Batch
 from jaxrl_llm.train.task import Task
+from jaxrl_llm.train.validate import ConfigError, advice, validate
 
 log = logging.getLogger(__name__)
 
@@ -35,15 +39,28 @@ class TrainingDiverged(RuntimeError):
   """Too many consecutive non-finite updates."""
 
 
-def _local_prompts(learner, task, local):
-  """The prompt batch of this process's examples `local`, padded to the length every
-  process agrees on."""
-  prompt = task.prompts(local)
-  length = hosts.global_max(prompt.tokens_BxP.shape[1])
-  pad_id = task.tokenizer.pad_id
-  return PromptBatch(
-    pad_left_to(prompt.tokens_BxP, length, pad_id), pad_left_to(prompt.mask_BxP, length, False)
-  )
+@dataclasses.dataclass
+class _Job:
+  """What every stage of a run reads: the config, the mesh, the task and its held-out
+  examples, the learner, the chips' peak FLOP rate and the summary being filled in."""
+
+  cfg: TrainConfig
+  mesh: Mesh
+  task: Task
+  learner: Learner
+  test: list
+  peak_flops: float | None
+  summary: dict
+  sampler_devices: list | None = None  # async mode: the devices the rollouts run on
+
+  @property
+  def show(self) -> bool:
+    """Progress bars: on process 0 only."""
+    return self.cfg.run.progress and jax.process_index() == 0
+
+  def evaluate(self) -> float:
+    """Greedy accuracy of the current policy on the held-out examples."""
+    return evaluate(self.learner, self.task, self.test, self.cfg.run.eval_batch_size)
 
 
 def evaluate(learner: Learner, task: Task, examples: list[dict], batch_size: int) -> float:
@@ -54,7 +71,7 @@ def evaluate(learner: Learner, task: Task, examples: list[dict], batch_size: int
     chunk = examples[start : start + batch_size]
     padded = chunk + [chunk[-1]] * (batch_size - len(chunk))  # one compiled shape
     local = padded[rows]
-    prompt = _local_prompts(learner, task, local)
+    prompt = producer_lib.local_prompts(learner, task, local)
     out = learner.generate(
       learner.state.policy if learner.state else learner.policy,
       *learner.shard_batch((prompt.tokens_BxP, prompt.mask_BxP)),
@@ -90,103 +107,6 @@ def _warm_start(learner, task, labelled, cfg, bar_enabled):
   return losses
 
 
-def _rollout(learner, task, local, cfg, rng):
-  """Samples G completions of each of this process's prompts `local`; returns the prompts
-  repeated per sample (global arrays), and the samples."""
-  prompt = _local_prompts(learner, task, local)
-  out = learner.generate(
-    learner.state.policy,
-    *learner.shard_batch((prompt.tokens_BxP, prompt.mask_BxP)),
-    rng,
-    num_samples=cfg.rollout.group_size,
-    temperature=cfg.rollout.temperature,
-  )
-  G = cfg.rollout.group_size
-  return learner.shard_batch(
-    (np.repeat(prompt.tokens_BxP, G, 0), np.repeat(prompt.mask_BxP, G, 0))
-  ), out
-
-
-def _mean_or_none(x: np.ndarray):
-  """The mean, or None (null in the JSON, left out of TensorBoard) when `x` is empty."""
-  return float(x.mean()) if x.size else None
-
-
-def _score(learner, task, local, out, cfg):
-  """Rewards of this process's rows (its examples `local`); returns them, every process's
-  (gathered), and the step's statistics over the whole batch."""
-  tokens, mask, truncated = (
-    hosts.to_local(x) for x in (out.tokens_BxN, out.mask_BxN, out.truncated_B)
-  )
-  lengths = mask.sum(-1)
-  grouped = [e for e in local for _ in range(cfg.rollout.group_size)]  # group-major rows
-  # What length-based rewards read (see jaxrl_llm/rewards/length.py).
-  rows = [
-    e | {"completion_tokens": int(n), "truncated": bool(t)}
-    for e, n, t in zip(grouped, lengths, truncated, strict=True)
-  ]
-  completions = task.decode(tokens, mask)
-  total, parts = score(task.reward_fns, completions, rows)
-  all_total, lengths, truncated = (hosts.gather(x) for x in (total, lengths, truncated))
-  parts = {k: hosts.gather(v) for k, v in parts.items()}
-  first = parts[next(iter(task.reward_fns))]  # the first reward function decides correctness
-  correct = first >= 1.0  # full credit
-  stats = {
-    "reward_mean": float(all_total.mean()),
-    "reward_std": float(all_total.std()),
-    "accuracy": float(first.mean()),
-    "response_length_mean": float(lengths.mean()),
-    "response_length_max": float(lengths.max()),
-    # Dr. GRPO's length-bias signal; absent from a step with no such answer.
-    "response_length_correct": _mean_or_none(lengths[correct]),
-    "response_length_wrong": _mean_or_none(lengths[~correct]),
-    "truncation_rate": float(truncated.mean()),
-  }
-  stats |= {f"reward/{k}": float(v.mean()) for k, v in parts.items()}
-  return total, all_total, stats
-
-
-def _refill(learner, task, stream, cfg, key, step, prompt, out, scores):
-  """Dynamic sampling: further rollouts until the batch holds enough informative groups.
-
-  `scores` are the whole batch's; the rounds are assembled on every host alike, and each
-  process then contributes its rows of the result. Groups that are still uninformative
-  when the extra rounds run out are left out of the loss. Returns the batch, statistics,
-  and the (prompt length, decode steps) of each extra round.
-  """
-  G, wanted = cfg.rollout.group_size, cfg.rollout.prompts_per_step
-
-  def host_round(prompt, out, scores):
-    arrays = (*prompt, out.tokens_BxN, out.mask_BxN)
-    gathered = (hosts.gather(hosts.to_local(x)) for x in arrays)
-    return dynamic.Round(*gathered, scores, hosts.gather(hosts.to_local(out.truncated_B)))
-
-  rounds, shapes = [host_round(prompt, out, scores)], []
-  zero_variance = 1.0 - float(dynamic.informative_groups(scores, G).mean())
-  while (
-    sum(int(dynamic.informative_groups(r.scores_B, G).sum()) for r in rounds) < wanted
-    and len(rounds) <= cfg.rollout.max_extra_rounds
-  ):
-    local = next(stream)
-    rng = jax.random.fold_in(jax.random.fold_in(key, step), len(rounds))
-    prompt, out = _rollout(learner, task, local, cfg, rng)
-    _, all_scores, stats = _score(learner, task, local, out, cfg)
-    rounds.append(host_round(prompt, out, all_scores))
-    shapes.append((prompt[0].shape[1], int(stats["response_length_max"])))
-  batch = dynamic.assemble(rounds, G, wanted, task.tokenizer.pad_id)
-  informative_G = dynamic.informative_groups(batch.scores_B, G)
-  stats = {
-    "zero_variance_group_fraction": zero_variance,
-    "dynamic_extra_rounds": len(shapes),
-    "informative_group_fraction": float(informative_G.mean()),
-    "dynamic_groups_kept": int(informative_G.sum()),  # the rest are left out of the loss
-  }
-  rows = hosts.local_rows(learner.mesh, cfg.batch_size)
-  loss_rows_B = np.repeat(informative_G, G)
-  arrays = (*batch, loss_rows_B)
-  return Batch(*learner.shard_batch(tuple(x[rows] for x in arrays))), stats, shapes
-
-
 def _set_aside_previous_run(workdir: Path, checkpoints) -> None:
   """Moves an earlier run's checkpoints, metrics and TensorBoard files into
   `<workdir>/previous/<time>/`, so a fresh start loses nothing. Process 0 moves them;
@@ -213,14 +133,14 @@ def _move_previous_run(workdir: Path, checkpoints) -> None:
   log.warning("starting fresh; the previous run's files are in %s", aside)
 
 
-def _meta(cfg, learner, task, stream_state, before) -> dict:
+def _meta(job: _Job, producer) -> dict:
   """What a checkpoint stores besides the state: enough to resume, and to export."""
-  tok = task.tokenizer
+  cfg, learner, tok = job.cfg, job.learner, job.task.tokenizer
   describe = getattr(tok, "describe", None)
   tokenizer = {"kind": "hf", "path": cfg.model.path} if cfg.model.path else None
   meta = {
-    "stream": stream_state,
-    "heldout_accuracy_before": before,
+    "producer": producer.state(),  # the prompt stream's position and rollouts in flight
+    "heldout_accuracy_before": job.summary["heldout_accuracy_before"],
     "model_config": to_hf_config(learner.model_cfg),
     "tokenizer": tokenizer or (describe() if describe else {"kind": "custom"}),
   }
@@ -270,21 +190,19 @@ def _examples(task, cfg):
   return fitted, dropped
 
 
-def train(cfg: TrainConfig, devices=None, task: Task | None = None) -> dict:
-  """Runs the configured job; returns a summary with the held-out accuracies.
-
-  With checkpoints on (config.checkpoint.every > 0) it resumes from the newest good
-  checkpoint of the run directory, and SIGTERM/SIGINT save and stop it early (the
-  summary then has `preempted`). `devices` restricts the mesh (default: all); `task`
-  replaces the configured one (its prompts, tokenizer and reward functions).
-  """
+def _setup(cfg: TrainConfig, devices, task: Task | None) -> tuple[_Job, dict]:
+  """The mesh, checked settings, the task and its examples, and the learner. In async mode
+  the learner's mesh is what the sampler's devices leave."""
+  sampler = None
+  if cfg.rollout.mode == "async":
+    devices, sampler = producer_lib.carve_devices(devices or jax.devices(), cfg)
   mesh = make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor, devices)
   validate(cfg, num_devices=mesh.size)
   for note in advice(cfg):
     log.warning("%s", note)
   peak = perf.peak_flops(cfg, mesh)  # first: nothing else is running yet
-  is_main = jax.process_index() == 0
-  show = cfg.run.progress and is_main
+  if sampler is not None:  # MFU counts the sampler's devices too
+    peak *= (mesh.size + len(sampler)) / mesh.size
   task = Task(cfg) if task is None else task
   tok = task.tokenizer
   examples, dropped = _examples(task, cfg)
@@ -294,7 +212,6 @@ def train(cfg: TrainConfig, devices=None, task: Task | None = None) -> dict:
       f"the tokenizer has {tok.vocab_size} tokens but the model's vocabulary "
       f"only {learner.model_cfg.vocab_size}; use the checkpoint's own tokenizer."
     )
-  test = examples["test"]
   summary = {
     "workdir": str(Path(cfg.run.workdir).resolve()),
     "mesh": dict(mesh.shape),
@@ -302,120 +219,178 @@ def train(cfg: TrainConfig, devices=None, task: Task | None = None) -> dict:
   }
   if dropped:
     summary["filtered_overlong_prompts"] = dropped
-  P = cfg.rollout.prompts_per_step
-  stream = prompt_iterator(examples["train"], P, seed=cfg.run.seed, rows=hosts.local_rows(mesh, P))
-  ckpt, restored = _resume(cfg, learner, mesh)
-  if restored is None:
-    if ckpt is None:
-      _set_aside_previous_run(Path(cfg.run.workdir), None)
-    if cfg.warmstart.steps:
-      losses = _warm_start(learner, task, examples["labelled"], cfg, show)
-      summary["warmstart_loss"] = float(losses[-10:].mean())
-    learner.init_state()
-    before = evaluate(learner, task, test, cfg.run.eval_batch_size)
-    first = 0
-    if ckpt is not None:  # the warm-started policy: a resumed run never repeats the warm start
-      meta = _meta(cfg, learner, task, stream.get_state(), before)
-      ckpt.save(0, learner.saved(learner.state), meta)
-  else:
-    learner.state, first = learner.restored(restored.state, restored.meta), restored.step
-    before = restored.meta["heldout_accuracy_before"]
-    stream.set_state(restored.meta["stream"])
-  summary["heldout_accuracy_before"] = before
-  summary["resumed_from"] = None if restored is None else restored.step
-  writer = MetricsWriter(cfg.run.workdir, cfg.run.tensorboard, start_step=first)
-  key = jax.random.key(cfg.run.seed)
-  n_params = perf.matmul_params(learner)
-  last_eval = (None, None)  # (step, held-out accuracy) of the latest periodic evaluation
-  if first < cfg.run.steps:
-    local = next(stream)
-    prompt, out = _rollout(learner, task, local, cfg, jax.random.fold_in(key, first))
+  if sampler is not None:
+    summary["sampler_mesh"] = dict(producer_lib.sampler_mesh(sampler).shape)
+  job = _Job(cfg, mesh, task, learner, examples["test"], peak, summary, sampler)
+  return job, examples
+
+
+def _start(job: _Job, examples: dict, ckpt, restored) -> tuple[int, dict | None]:
+  """A fresh run: the warm start, the train state and held-out accuracy before RL. A
+  resumed one: the checkpoint's state. Returns the first step, and the checkpoint's
+  producer state (None when fresh)."""
+  cfg, learner = job.cfg, job.learner
+  if restored is not None:
+    learner.state = learner.restored(restored.state, restored.meta)
+    job.summary["heldout_accuracy_before"] = restored.meta["heldout_accuracy_before"]
+    job.summary["resumed_from"] = restored.step
+    # checkpoints from before the producer was saved held the stream's position alone
+    return restored.step, restored.meta.get("producer", {"stream": restored.meta.get("stream")})
+  if ckpt is None:
+    _set_aside_previous_run(Path(cfg.run.workdir), None)
+  if cfg.warmstart.steps:
+    losses = _warm_start(learner, job.task, examples["labelled"], cfg, job.show)
+    job.summary["warmstart_loss"] = float(losses[-10:].mean())
+  learner.init_state()
+  job.summary["heldout_accuracy_before"] = job.evaluate()
+  job.summary["resumed_from"] = None
+  return 0, None
+
+
+def _iteration(job: _Job, producer, step: int, n_params: int) -> tuple[dict, int]:
+  """One step: the producer's batch, experience and update; the step's metrics, and the
+  count of consecutive non-finite updates."""
+  cfg, learner = job.cfg, job.learner
+  start = time.perf_counter()
+  rollout = producer.next(step)
+  waited = time.perf_counter() - start  # for the samples, their scores and the batch
+  exp, exp_metrics = learner.experience(rollout.batch)
+  update_metrics = learner.update(exp)
+  producer.updated(step)  # on-policy, the next rollout is dispatched before these are read
+  opt = learner.state.policy_opt
+  update_metrics, exp_metrics, notfinite, skipped = jax.device_get(
+    (update_metrics, exp_metrics, opt.notfinite_count, opt.total_notfinite)
+  )
+  elapsed = time.perf_counter() - start
+  metrics = rollout.stats | to_python(step_lib.reduce_metrics(update_metrics))
+  metrics |= to_python(exp_metrics)
+  width = rollout.batch.prompt_BxP.shape[1]
+  flops = perf.iteration_flops(n_params, cfg, width, rollout.rounds)
+  metrics |= {
+    "step_time_s": elapsed,
+    "rollout_wait_s": waited,
+    "tokens_per_s": perf.tokens_per_step(cfg, width) / elapsed,
+    "mfu": perf.mfu(flops, elapsed, job.peak_flops),
+    "skipped_updates": int(skipped),
+  }
+  return metrics, int(notfinite)
+
+
+def _stop_if_diverged(job: _Job, step: int, notfinite: int, writer, ckpt) -> None:
+  cfg = job.cfg
+  if notfinite < cfg.optim.max_consecutive_skips:
+    return
+  writer.close()
+  if ckpt is not None:
+    ckpt.close()
+  raise TrainingDiverged(
+    f"step {step + 1}: {notfinite} consecutive updates had a NaN or Inf loss or "
+    f"gradient and were skipped (config.optim.max_consecutive_skips="
+    f"{cfg.optim.max_consecutive_skips}). Lower config.optim.learning_rate, check the "
+    f"reward functions, or raise the limit. Metrics so far: {writer.path}"
+  )
+
+
+def _checkpoint(job: _Job, ckpt, producer, done: int, preemption) -> bool:
+  """Saves every `checkpoint.every` steps, at the end, and when a signal came; True when
+  the run should stop (the save is then complete)."""
+  if ckpt is None:
+    return False
+  stop = preemption.requested()
+  if done % job.cfg.checkpoint.every == 0 or done == job.cfg.run.steps or stop:
+    ckpt.save(done, job.learner.saved(job.learner.state), _meta(job, producer))
+  if stop:
+    ckpt.wait()
+    log.warning(
+      "%s: saved step %d to %s; exiting. Re-run the same command to resume.",
+      preemption.received or "a signal on another process",
+      done,
+      ckpt.directory,
+    )
+    job.summary["preempted"] = done
+  return stop
+
+
+def _steps(job: _Job, producer, ckpt, writer, first: int) -> tuple:
+  """Steps `first` .. run.steps - 1 (or until a signal); returns (step, held-out accuracy)
+  of the latest periodic evaluation."""
+  cfg = job.cfg
+  n_params = perf.matmul_params(job.learner)
+  last_eval = (None, None)
   bar = tqdm(
     range(first, cfg.run.steps),
     initial=first,
     total=cfg.run.steps,
     desc=f"{cfg.algo.estimator}/{cfg.algo.policy_loss}",
-    disable=not show,
+    disable=not job.show,
   )
   with Preemption(active=ckpt is not None) as preemption:
     for step in bar:
-      start = time.perf_counter()
-      scores, all_scores, stats = _score(learner, task, local, out, cfg)
-      rounds = [(prompt[0].shape[1], int(stats["response_length_max"]))]
-      if cfg.rollout.dynamic_sampling:
-        batch, dynamic_stats, extra = _refill(
-          learner, task, stream, cfg, key, step, prompt, out, all_scores
-        )
-        stats |= dynamic_stats
-        rounds += extra
-      else:
-        batch = Batch(
-          *prompt, out.tokens_BxN, out.mask_BxN, learner.shard_batch(scores), out.truncated_B
-        )
-      exp, exp_metrics = learner.experience(batch)
-      update_metrics = learner.update(exp)
-      stream_state = stream.get_state()  # before the next step's prompts are drawn
-      if step + 1 < cfg.run.steps:  # dispatch the next rollout before reading this step's metrics
-        local = next(stream)
-        prompt, out = _rollout(learner, task, local, cfg, jax.random.fold_in(key, step + 1))
-      opt = learner.state.policy_opt
-      update_metrics, exp_metrics, notfinite, skipped = jax.device_get(
-        (update_metrics, exp_metrics, opt.notfinite_count, opt.total_notfinite)
-      )
-      elapsed = time.perf_counter() - start
-      metrics = stats | to_python(step_lib.reduce_metrics(update_metrics)) | to_python(exp_metrics)
-      width = batch.prompt_BxP.shape[1]
-      flops = perf.iteration_flops(n_params, cfg, width, rounds)
-      metrics |= {
-        "step_time_s": elapsed,
-        "tokens_per_s": perf.tokens_per_step(cfg, width) / elapsed,
-        "mfu": perf.mfu(flops, elapsed, peak),
-        "skipped_updates": int(skipped),
-      }
+      metrics, notfinite = _iteration(job, producer, step, n_params)
       if cfg.run.eval_every and (step + 1) % cfg.run.eval_every == 0:
-        metrics["heldout_accuracy"] = evaluate(learner, task, test, cfg.run.eval_batch_size)
+        metrics["heldout_accuracy"] = job.evaluate()
         last_eval = (step + 1, metrics["heldout_accuracy"])
       writer.write(step + 1, metrics)
       bar.set_postfix(reward=f"{metrics['reward_mean']:.3f}", acc=f"{metrics['accuracy']:.2f}")
-      if notfinite >= cfg.optim.max_consecutive_skips:
-        writer.close()
-        if ckpt is not None:
-          ckpt.close()
-        raise TrainingDiverged(
-          f"step {step + 1}: {int(notfinite)} consecutive updates had a NaN or Inf loss or "
-          f"gradient and were skipped (config.optim.max_consecutive_skips="
-          f"{cfg.optim.max_consecutive_skips}). Lower config.optim.learning_rate, check the "
-          f"reward functions, or raise the limit. Metrics so far: {writer.path}"
-        )
-      stop = preemption.requested() if ckpt is not None else False
-      done = step + 1
-      if ckpt is not None and (done % cfg.checkpoint.every == 0 or done == cfg.run.steps or stop):
-        meta = _meta(cfg, learner, task, stream_state, before)
-        ckpt.save(done, learner.saved(learner.state), meta)
-      if stop:
-        ckpt.wait()
-        log.warning(
-          "%s: saved step %d to %s; exiting. Re-run the same command to resume.",
-          preemption.received or "a signal on another process",
-          done,
-          ckpt.directory,
-        )
-        summary["preempted"] = done
+      _stop_if_diverged(job, step, notfinite, writer, ckpt)
+      if _checkpoint(job, ckpt, producer, step + 1, preemption):
         break
   bar.close()
+  return last_eval
+
+
+def _finish(job: _Job, writer, ckpt, last_eval) -> dict:
+  """Closes the files; a run that finished gets its held-out accuracy after RL and, on
+  process 0, `summary.json` (which the ablation runner reads)."""
   writer.close()
   if ckpt is not None:
     ckpt.wait()
     ckpt.close()
+  summary, cfg = job.summary, job.cfg
   summary["metrics"] = str(writer.path)
-  summary["learner"] = learner
-  if not summary["preempted"]:
-    # The last step's periodic evaluation already scored this policy on these examples.
-    done_eval = last_eval[1] if last_eval[0] == cfg.run.steps else None
-    summary["heldout_accuracy_after"] = (
-      evaluate(learner, task, test, cfg.run.eval_batch_size) if done_eval is None else done_eval
-    )
-    if is_main:  # what a finished run leaves for scripts (the ablation runner reads it)
-      record = {k: v for k, v in summary.items() if k != "learner"} | {"steps": cfg.run.steps}
-      (Path(cfg.run.workdir) / "summary.json").write_text(json.dumps(record, indent=2) + "\n")
+  summary["learner"] = job.learner
+  if summary["preempted"]:
+    return summary
+  # The last step's periodic evaluation already scored this policy on these examples.
+  after = last_eval[1] if last_eval[0] == cfg.run.steps else None
+  if after is None:
+    after = job.evaluate()
+  summary["heldout_accuracy_after"] = after
+  if jax.process_index() == 0:
+    record = {k: v for k, v in summary.items() if k != "learner"} | {"steps": cfg.run.steps}
+    (Path(cfg.run.workdir) / "summary.json").write_text(json.dumps(record, indent=2) + "\n")
   return summary
+
+
+def _producer(job: _Job, stream, key, first: int):
+  """The rollout producer of `rollout.mode`, starting from the params of step `first`."""
+  args = (job.learner, job.task, stream, job.cfg, key, first)
+  if job.sampler_devices is None:
+    return producer_lib.RolloutProducer(*args)
+  return producer_lib.AsyncProducer(*args, producer_lib.sampler_mesh(job.sampler_devices))
+
+
+def train(cfg: TrainConfig, devices=None, task: Task | None = None) -> dict:
+  """Runs the configured job; returns a summary with the held-out accuracies.
+
+  With checkpoints on (config.checkpoint.every > 0) it resumes from the newest good
+  checkpoint of the run directory, and SIGTERM/SIGINT save and stop it early (the
+  summary then has `preempted`). `devices` restricts the mesh (default: all); `task`
+  replaces the configured one (its prompts, tokenizer and reward functions). In
+  `rollout.mode='async'` the sampler takes `rollout.sampler_devices` of `devices`.
+  """
+  job, examples = _setup(cfg, devices, task)
+  P = cfg.rollout.prompts_per_step
+  rows = hosts.local_rows(job.mesh, P)
+  stream = prompt_iterator(examples["train"], P, seed=cfg.run.seed, rows=rows)
+  ckpt, restored = _resume(cfg, job.learner, job.mesh)
+  first, producer_state = _start(job, examples, ckpt, restored)
+  key = jax.random.key(cfg.run.seed)
+  producer = _producer(job, stream, key, first)
+  if producer_state is not None:
+    producer.restore(producer_state)
+  elif ckpt is not None:  # the warm-started policy: a resumed run never repeats the warm start
+    ckpt.save(0, job.learner.saved(job.learner.state), _meta(job, producer))
+  writer = MetricsWriter(cfg.run.workdir, cfg.run.tensorboard, start_step=first)
+  last_eval = _steps(job, producer, ckpt, writer, first)
+  return _finish(job, writer, ckpt, last_eval)

@@ -38,6 +38,9 @@ class Batch(NamedTuple):
   `truncated_B`: rows cut off at the token budget before their EOS (None: none were).
   `loss_rows_B`: rows that count in the loss (None: all); the host leaves out groups
   that carry no signal when dynamic sampling could not replace them.
+  `behav_logp_BxN`: the sampler's log-prob of each completion token under the distribution
+  it was drawn from (temperature, top-k, top-p, the params it sampled with): the behaviour
+  policy of `config.algo.correction`. None (labelled batches): the trainer's own.
   """
 
   prompt_BxP: jax.Array
@@ -47,6 +50,7 @@ class Batch(NamedTuple):
   scores_B: jax.Array
   truncated_B: jax.Array | None = None
   loss_rows_B: jax.Array | None = None
+  behav_logp_BxN: jax.Array | None = None
 
 
 class Experience(NamedTuple):
@@ -270,6 +274,12 @@ def policy_objective(
   pg_BxN, metrics = core.POLICY_LOSSES[a.policy_loss](
     logp, old_logp, exp.advantages_BxN, mask, **cfg.policy_loss_kwargs()
   )
+  if exp.batch.behav_logp_BxN is not None:  # pi_old / pi_behav: the sampler's mismatch
+    weights_BxN, correction_metrics = core.CORRECTIONS[a.correction](
+      old_logp, exp.batch.behav_logp_BxN, mask, **cfg.correction_kwargs()
+    )
+    pg_BxN = weights_BxN * pg_BxN
+    metrics = metrics | correction_metrics
   pg_loss = agg(pg_BxN)
   loss = pg_loss
   if a.kl_placement == "loss" and a.kl_coef > 0:

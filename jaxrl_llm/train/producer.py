@@ -1,0 +1,353 @@
+"""Rollout producers: where the learner's scored experience batches come from.
+
+A producer hands the loop one `Rollout` per step (`next`) and hears when the params
+changed (`updated`). This one samples with the learner's params on the learner's mesh:
+
+- on-policy (`rollout.off_policy_steps=0`): step s's rollout is dispatched right after
+  update s - 1, from the params that update produced;
+- off-policy (`off_policy_steps=k`): before update s, the rollout of step s + k is
+  dispatched from the params as they are, so a rollout is up to k updates old and the
+  devices never wait for the host between a rollout and the update before it;
+- with `rollout.dynamic_sampling`, groups whose rewards are all equal are replaced by
+  further rounds from the current params (DAPO).
+
+Every sampled token keeps its sampler log-prob (`Batch.behav_logp_BxN`), which the
+loss's mismatch correction compares with the trainer's. `state()` is what a checkpoint
+needs to resume exactly: the prompt stream's position and the rollouts in flight (their
+samples, and where in the stream their prompts were drawn).
+"""
+
+import collections
+from typing import NamedTuple
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+
+from jaxrl_llm import core
+from jaxrl_llm.data import PromptBatch, pad_left_to
+from jaxrl_llm.models.sharding import make_mesh, param_shardings
+from jaxrl_llm.rewards import score
+from jaxrl_llm.rollout.sampler import SampleOutput
+from jaxrl_llm.train import dynamic, hosts
+from jaxrl_llm.train import state as state_lib
+from jaxrl_llm.train.step import Batch
+from jaxrl_llm.train.validate import ConfigError
+
+
+class Rollout(NamedTuple):
+  """One step's experience batch: the batch, host statistics of its samples, and the
+  (prompt width, decode steps) of each generation that went into it (for the FLOP count)."""
+
+  batch: Batch
+  stats: dict
+  rounds: list
+
+
+class InFlight(NamedTuple):
+  """A dispatched rollout: this process's examples, their prompts repeated per sample and
+  the samples (global arrays), the number of updates the params that drew them had had, the
+  step it is for, and the prompt stream's position before its prompts were drawn."""
+
+  local: list
+  prompt: tuple
+  out: SampleOutput
+  version: int
+  index: int
+  stream_before: dict
+
+
+def local_prompts(learner, task, local) -> PromptBatch:
+  """The prompt batch of this process's examples `local`, padded to the length every
+  process agrees on."""
+  prompt = task.prompts(local)
+  length = hosts.global_max(prompt.tokens_BxP.shape[1])
+  pad_id = task.tokenizer.pad_id
+  return PromptBatch(
+    pad_left_to(prompt.tokens_BxP, length, pad_id), pad_left_to(prompt.mask_BxP, length, False)
+  )
+
+
+def sample(learner, task, local, cfg, rng):
+  """Samples G completions of each of this process's prompts `local`; returns the prompts
+  repeated per sample (global arrays), and the samples."""
+  prompt = local_prompts(learner, task, local)
+  out = learner.generate(
+    learner.state.policy,
+    *learner.shard_batch((prompt.tokens_BxP, prompt.mask_BxP)),
+    rng,
+    num_samples=cfg.rollout.group_size,
+    temperature=cfg.rollout.temperature,
+  )
+  return _repeated(learner, prompt, cfg.rollout.group_size), out
+
+
+def _repeated(learner, prompt: PromptBatch, group_size: int):
+  repeat = lambda x: np.repeat(x, group_size, 0)
+  return learner.shard_batch((repeat(prompt.tokens_BxP), repeat(prompt.mask_BxP)))
+
+
+def _mean_or_none(x: np.ndarray):
+  """The mean, or None (null in the JSON, left out of TensorBoard) when `x` is empty."""
+  return float(x.mean()) if x.size else None
+
+
+def scored(learner, task, local, out, cfg):
+  """Rewards of this process's rows (its examples `local`); returns them, every process's
+  (gathered), and the step's statistics over the whole batch."""
+  tokens, mask, truncated = (
+    hosts.to_local(x) for x in (out.tokens_BxN, out.mask_BxN, out.truncated_B)
+  )
+  lengths = mask.sum(-1)
+  grouped = [e for e in local for _ in range(cfg.rollout.group_size)]  # group-major rows
+  # What length-based rewards read (see jaxrl_llm/rewards/length.py).
+  rows = [
+    e | {"completion_tokens": int(n), "truncated": bool(t)}
+    for e, n, t in zip(grouped, lengths, truncated, strict=True)
+  ]
+  completions = task.decode(tokens, mask)
+  total, parts = score(task.reward_fns, completions, rows)
+  all_total, lengths, truncated = (hosts.gather(x) for x in (total, lengths, truncated))
+  parts = {k: hosts.gather(v) for k, v in parts.items()}
+  first = parts[next(iter(task.reward_fns))]  # the first reward function decides correctness
+  correct = first >= 1.0  # full credit
+  stats = {
+    "reward_mean": float(all_total.mean()),
+    "reward_std": float(all_total.std()),
+    "accuracy": float(first.mean()),
+    "response_length_mean": float(lengths.mean()),
+    "response_length_max": float(lengths.max()),
+    # Dr. GRPO's length-bias signal; absent from a step with no such answer.
+    "response_length_correct": _mean_or_none(lengths[correct]),
+    "response_length_wrong": _mean_or_none(lengths[~correct]),
+    "truncation_rate": float(truncated.mean()),
+  }
+  stats |= {f"reward/{k}": float(v.mean()) for k, v in parts.items()}
+  return total, all_total, stats
+
+
+def _host_round(prompt, out, scores):
+  """A rollout gathered on every host, for dynamic sampling to pick groups from."""
+  gathered = lambda x: hosts.gather(hosts.to_local(x))
+  prompt_BxP, prompt_mask_BxP = (gathered(x) for x in prompt)
+  tokens, mask, logp = (gathered(x) for x in (out.tokens_BxN, out.mask_BxN, out.logprobs_BxN))
+  return dynamic.Round(
+    prompt_BxP, prompt_mask_BxP, tokens, mask, scores, gathered(out.truncated_B), logp
+  )
+
+
+def refilled(learner, task, stream, cfg, key, step, prompt, out, scores):
+  """Dynamic sampling: further rollouts until the batch holds enough informative groups.
+
+  `scores` are the whole batch's; the rounds are assembled on every host alike, and each
+  process then contributes its rows of the result. Groups that are still uninformative
+  when the extra rounds run out are left out of the loss. Returns the batch, statistics,
+  and the (prompt length, decode steps) of each extra round.
+  """
+  G, wanted = cfg.rollout.group_size, cfg.rollout.prompts_per_step
+  rounds, shapes = [_host_round(prompt, out, scores)], []
+  zero_variance = 1.0 - float(dynamic.informative_groups(scores, G).mean())
+  while (
+    sum(int(dynamic.informative_groups(r.scores_B, G).sum()) for r in rounds) < wanted
+    and len(rounds) <= cfg.rollout.max_extra_rounds
+  ):
+    local = next(stream)
+    rng = jax.random.fold_in(jax.random.fold_in(key, step), len(rounds))
+    prompt, out = sample(learner, task, local, cfg, rng)
+    _, all_scores, stats = scored(learner, task, local, out, cfg)
+    rounds.append(_host_round(prompt, out, all_scores))
+    shapes.append((prompt[0].shape[1], int(stats["response_length_max"])))
+  batch = dynamic.assemble(rounds, G, wanted, task.tokenizer.pad_id)
+  informative_G = dynamic.informative_groups(batch.scores_B, G)
+  stats = {
+    "zero_variance_group_fraction": zero_variance,
+    "dynamic_extra_rounds": len(shapes),
+    "informative_group_fraction": float(informative_G.mean()),
+    "dynamic_groups_kept": int(informative_G.sum()),  # the rest are left out of the loss
+  }
+  rows = hosts.local_rows(learner.mesh, cfg.batch_size)
+  arrays = (*batch[:6], np.repeat(informative_G, G), batch.logprobs_BxN)
+  return Batch(*learner.shard_batch(tuple(x[rows] for x in arrays))), stats, shapes
+
+
+class RolloutProducer:
+  """Synchronous (on-policy) or off-policy rollouts from the learner's own params and mesh.
+
+  `version`: the number of updates the learner's params have had (the step they are at).
+  """
+
+  def __init__(self, learner, task, stream, cfg, key, version: int):
+    self.learner, self.task, self.stream, self.cfg, self.key = learner, task, stream, cfg, key
+    self.ahead = cfg.rollout.off_policy_steps
+    self.version = version
+    self.pending: collections.deque[InFlight] = collections.deque()
+
+  def _dispatch(self, index: int) -> None:
+    """Draws step `index`'s prompts and dispatches their sampling from the current params."""
+    before = self.stream.get_state()
+    local = next(self.stream)
+    prompt, out = self._sample(local, jax.random.fold_in(self.key, index))
+    self.pending.append(InFlight(local, prompt, out, self.version, index, before))
+
+  def _sample(self, local, rng):
+    return sample(self.learner, self.task, local, self.cfg, rng)
+
+  def _on_trainer(self, out: SampleOutput) -> SampleOutput:
+    """The samples as arrays of the learner's mesh (they are already)."""
+    return out
+
+  def next(self, step: int) -> Rollout:
+    """Step `step`'s scored batch; off-policy, first dispatches the rollout `ahead` steps on."""
+    if not self.pending:
+      self._dispatch(step)
+    job = self.pending.popleft()
+    last = self.cfg.run.steps - 1
+    while len(self.pending) < self.ahead and step + 1 + len(self.pending) <= last:
+      self._dispatch(step + 1 + len(self.pending))
+    return self._scored(job, step)
+
+  def updated(self, step: int) -> None:
+    """Update `step` was dispatched; on-policy, the next step's rollout samples from it."""
+    self.version = step + 1
+    if not self.ahead and step + 1 < self.cfg.run.steps:
+      self._dispatch(step + 1)
+
+  def _scored(self, job: InFlight, step: int) -> Rollout:
+    learner, task, cfg = self.learner, self.task, self.cfg
+    prompt, out = job.prompt, self._on_trainer(job.out)
+    scores, all_scores, stats = scored(learner, task, job.local, out, cfg)
+    rounds = [(prompt[0].shape[1], int(stats["response_length_max"]))]
+    if cfg.rollout.dynamic_sampling:
+      batch, dynamic_stats, extra = refilled(
+        learner, task, self.stream, cfg, self.key, step, prompt, out, all_scores
+      )
+      stats |= dynamic_stats
+      rounds += extra
+    else:
+      batch = Batch(
+        *prompt,
+        out.tokens_BxN,
+        out.mask_BxN,
+        learner.shard_batch(scores),
+        out.truncated_B,
+        behav_logp_BxN=out.logprobs_BxN,
+      )
+    stats["completions_sampled"] = cfg.batch_size * len(rounds)  # dynamic rounds included
+    versions = np.full(cfg.batch_size, job.version)
+    stats |= {k: float(v) for k, v in core.staleness_metrics(versions, self.version).items()}
+    return Rollout(batch, stats, rounds)
+
+  def state(self) -> dict:
+    """The stream's position and every rollout in flight, as JSON (every process's rows)."""
+    inflight = []
+    for job in self.pending:
+      arrays = {
+        name: hosts.gather(hosts.to_local(x)).tolist() for name, x in job.out._asdict().items()
+      }
+      inflight.append(
+        {"version": job.version, "index": job.index, "stream": job.stream_before, **arrays}
+      )
+    return {"stream": self.stream.get_state(), "inflight": inflight}
+
+  def restore(self, state: dict) -> None:
+    """Back to `state()`: each in-flight rollout's examples drawn again from where the
+    stream was when it was dispatched, its samples put back as they were."""
+    rows = hosts.local_rows(self.learner.mesh, self.cfg.batch_size)
+    dtypes = {"tokens_BxN": np.int32, "mask_BxN": bool, "logprobs_BxN": np.float32}
+    dtypes |= {"lengths_B": np.int32, "truncated_B": bool}
+    self.pending.clear()
+    for job in state.get("inflight", []):
+      self.stream.set_state(job["stream"])
+      local = next(self.stream)
+      prompt = local_prompts(self.learner, self.task, local)
+      prompt = _repeated(self.learner, prompt, self.cfg.rollout.group_size)
+      arrays = {k: np.asarray(job[k], dtypes[k])[rows] for k in SampleOutput._fields}
+      out = SampleOutput(**self.learner.shard_batch(arrays))
+      self.pending.append(InFlight(local, prompt, out, job["version"], job["index"], job["stream"]))
+    self.stream.set_state(state["stream"])
+
+
+def carve_devices(devices, cfg) -> tuple[list, list]:
+  """(trainer devices, sampler devices) for `rollout.mode='async'`: the sampler takes the
+  last `rollout.sampler_devices / process_count` devices of every process, so both meshes
+  span every process and each process feeds both its own rows."""
+  r, processes = cfg.rollout, jax.process_count()
+  wanted = r.sampler_devices or len(devices) // 2
+  per_process = wanted // processes
+  by_process = [[d for d in devices if d.process_index == p] for p in range(processes)]
+  if wanted % processes or not 0 < per_process < min(len(local) for local in by_process):
+    raise ConfigError(
+      f"config.rollout.sampler_devices={wanted} must leave the trainer devices on each of "
+      f"the {processes} processes ({len(devices)} devices in all) and split evenly over "
+      "them; choose a multiple of the process count below the devices per process."
+    )
+  trainer = [d for local in by_process for d in local[:-per_process]]
+  sampler = [d for local in by_process for d in local[-per_process:]]
+  return trainer, sampler
+
+
+def _reshard(tree, shardings):
+  """`tree` onto `shardings` on another set of devices. One process: a device-to-device
+  copy. Several: each array gathered on every host, then placed (correct for any sharding,
+  at the cost of a host round trip)."""
+  if jax.process_count() == 1:
+    return jax.device_put(tree, shardings)
+
+  def one(x, sharding):
+    whole = np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return jax.make_array_from_callback(x.shape, sharding, lambda index: whole[index])
+
+  arrays, treedef = jax.tree.flatten(tree)  # `shardings` holds one per array, in order
+  placed = [one(x, s) for x, s in zip(arrays, jax.tree.leaves(shardings), strict=True)]
+  return jax.tree.unflatten(treedef, placed)
+
+
+class AsyncProducer(RolloutProducer):
+  """Rollouts generated on a mesh of their own while the learner's mesh trains.
+
+  The sampler holds a copy of the policy params on `sampler_mesh`, resharded from the
+  learner's after every update (with LoRA, the adapters only: the frozen base is copied
+  once). A rollout for step s + k is dispatched before update s, from the params of update
+  s - 1, so the sampler's devices work on it while the trainer's run update s; JAX's
+  asynchronous dispatch lets both queues run at once.
+  """
+
+  def __init__(self, learner, task, stream, cfg, key, version: int, sampler_mesh):
+    super().__init__(learner, task, stream, cfg, key, version)
+    self.mesh = sampler_mesh
+    abstract = jax.eval_shape(lambda: learner.state.policy)
+    self.shardings = param_shardings(abstract, sampler_mesh, learner.rules)
+    adapters = state_lib.split_trainable(cfg, abstract)[0]  # with LoRA; else the policy
+    self.trainable_shardings = param_shardings(adapters, sampler_mesh, learner.rules)
+    self.params = _reshard(learner.state.policy, self.shardings)
+
+  def _sample(self, local, rng):
+    learner, G = self.learner, self.cfg.rollout.group_size
+    prompt = local_prompts(learner, self.task, local)
+    rows = prompt.tokens_BxP.shape[0] * jax.process_count()
+    placed = (hosts.to_global(self.mesh, x, rows) for x in (prompt.tokens_BxP, prompt.mask_BxP))
+    out = learner.generate(
+      self.params,
+      *placed,
+      rng,
+      num_samples=G,
+      temperature=self.cfg.rollout.temperature,
+      mesh=self.mesh,
+    )
+    return _repeated(learner, prompt, G), out
+
+  def _on_trainer(self, out: SampleOutput) -> SampleOutput:
+    """The sampler mesh's samples as arrays of the learner's mesh, through each host."""
+    return SampleOutput(*self.learner.shard_batch(tuple(hosts.to_local(x) for x in out)))
+
+  def updated(self, step: int) -> None:
+    super().updated(step)
+    policy = self.learner.state.policy
+    trainable = state_lib.split_trainable(self.cfg, policy)[0]  # with LoRA only the adapters
+    frozen = state_lib.split_trainable(self.cfg, self.params)[1]
+    self.params = state_lib.join_trainable(_reshard(trainable, self.trainable_shardings), frozen)
+
+
+def sampler_mesh(devices) -> "jax.sharding.Mesh":
+  """The sampler's mesh: its devices on the data axis (params replicated, rows split)."""
+  return make_mesh(devices=devices)

@@ -1,0 +1,347 @@
+"""Checks of a `TrainConfig` before anything is built: `validate` refuses settings that
+cannot work (a `ConfigError` naming the key and the fix), `advice` lists settings that run
+but usually spoil a run. One function per section of the config."""
+
+import inspect
+from typing import TYPE_CHECKING
+
+from jaxrl_llm import core
+from jaxrl_llm.core.correction import check_hparams
+from jaxrl_llm.models.config import REMAT_POLICIES
+from jaxrl_llm.models.lora import QUANT_TYPES, resolve_targets
+
+if TYPE_CHECKING:
+  from jaxrl_llm.train.config import TrainConfig
+
+TOKEN_ESTIMATORS = ("gae", "reinforce_plus_plus")  # per-token advantages; the rest are groups
+PRETRAINED_MAX_LR = 1e-4  # above it, one update moves a pretrained policy far from itself
+
+
+class ConfigError(ValueError):
+  """A configuration that cannot run; the message names the key."""
+
+
+def validate(cfg: "TrainConfig", num_devices: int | None = None) -> None:
+  """Raises ConfigError for settings that cannot work together; with `num_devices`, also
+  for a mesh or batch that does not fit them."""
+  for check in (_algo, _correction, _rollout, _batching, _run, _task, _model, _lora):
+    check(cfg)
+  if num_devices is not None:
+    _mesh(cfg, num_devices)
+
+
+def _check(ok: bool, message: str) -> None:
+  if not ok:
+    raise ConfigError(message)
+
+
+def _known(name, registry, key, extra=()):
+  names = sorted(set(registry) | set(extra))
+  _check(name in names, f"config.{key}={name!r} is unknown; choose one of {', '.join(names)}.")
+
+
+def advice(cfg: "TrainConfig") -> list[str]:
+  """Settings that run but usually spoil a run, each naming the key and the usual value."""
+  notes = []
+  r = cfg.rollout
+  truncated = [
+    f"{k}={v}" for k, v in (("top_k", r.top_k), ("top_p", r.top_p)) if v not in (None, 0, 1.0)
+  ]
+  if r.off_policy_steps and cfg.algo.correction == "none":
+    notes.append(
+      f"config.rollout.off_policy_steps={r.off_policy_steps} trains on rollouts from older "
+      "params, and config.algo.correction='none' treats them as the current policy's; set "
+      "config.algo.correction='token_tis' (or another correction)."
+    )
+  if truncated and cfg.algo.correction == "none":
+    notes.append(
+      f"config.rollout.{' and '.join(truncated)} samples from a truncated distribution, and "
+      "config.algo.correction='none' trains as if the tokens came from the full softmax: the "
+      "update weighs each context by the inverse of the mass the truncation kept. Set "
+      "config.algo.correction="
+      "'token_tis' (or another correction) to weight each token by pi_old / pi_behav."
+    )
+  lora = cfg.lora.rank > 0  # adapters train at about 10x full fine-tuning's rate
+  if cfg.model.path and cfg.optim.learning_rate >= PRETRAINED_MAX_LR * (10 if lora else 1):
+    usual = "1e-5..1e-4 with LoRA adapters" if lora else "1e-6..1e-5"
+    notes.append(
+      f"config.optim.learning_rate={cfg.optim.learning_rate:g} with a pretrained "
+      f"config.model.path: rates this high suit random-init models; pretrained policies "
+      f"usually train at {usual} (experiments/smollm2_arithmetic.py uses 1e-5, 1e-4 with "
+      "LoRA)."
+    )
+  if cfg.model.path and cfg.warmstart.steps and cfg.warmstart.learning_rate >= PRETRAINED_MAX_LR:
+    notes.append(
+      f"config.warmstart.steps={cfg.warmstart.steps} at config.warmstart.learning_rate="
+      f"{cfg.warmstart.learning_rate:g} fine-tunes the pretrained config.model.path hard "
+      "before RL; set config.warmstart.steps=0 (or a rate of 1e-5 or less)."
+    )
+  return notes
+
+
+def _algo(cfg: "TrainConfig") -> None:
+  a, r = cfg.algo, cfg.rollout
+  _known(a.estimator, core.GROUP_ESTIMATORS, "algo.estimator", TOKEN_ESTIMATORS)
+  _known(a.policy_loss, core.POLICY_LOSSES, "algo.policy_loss")
+  _known(a.aggregation, core.AGGREGATION_MODES, "algo.aggregation")
+  _known(a.kl_estimator, core.KL_ESTIMATORS, "algo.kl_estimator")
+  _check(
+    a.kl_placement in ("loss", "reward", "none"),
+    f"config.algo.kl_placement={a.kl_placement!r}; use 'loss', 'reward' or 'none'.",
+  )
+  _check(
+    a.kl_mode in ("fixed", "adaptive"),
+    f"config.algo.kl_mode={a.kl_mode!r}; use 'fixed' or 'adaptive'.",
+  )
+  if a.kl_mode == "adaptive":
+    _check(
+      a.kl_target is not None and a.kl_horizon is not None,
+      "config.algo.kl_mode='adaptive' needs config.algo.kl_target and config.algo.kl_horizon.",
+    )
+  if a.kl_placement == "reward" and a.kl_coef > 0:
+    _check(
+      a.estimator in TOKEN_ESTIMATORS,
+      f"config.algo.kl_placement='reward' puts a per-token KL penalty in the reward, which "
+      f"only per-token estimators ({', '.join(TOKEN_ESTIMATORS)}) see; with "
+      f"estimator={a.estimator!r} use kl_placement='loss'.",
+    )
+  if a.estimator in core.GROUP_ESTIMATORS:
+    _check(
+      r.group_size >= 2,
+      f"config.rollout.group_size={r.group_size} with config.algo.estimator={a.estimator!r}: "
+      "a group baseline needs at least 2 samples per prompt (with one, every advantage is "
+      "0 and nothing is learned); raise config.rollout.group_size or use 'gae'.",
+    )
+  _check(
+    not (a.kl_placement == "none" and a.kl_coef > 0),
+    f"config.algo.kl_placement='none' with config.algo.kl_coef={a.kl_coef}: the KL term "
+    "would be computed nowhere. Set kl_placement='loss' (GRPO) or 'reward' (PPO-RLHF), or "
+    "kl_coef=0 (config.algo.track_kl=True still logs KL to the reference).",
+  )
+  _check(
+    a.truncation in (None, "terminal", "bootstrap", "mask"),
+    f"config.algo.truncation={a.truncation!r}; use 'bootstrap', 'mask' or 'terminal'.",
+  )
+  _check(
+    cfg.truncation != "bootstrap" or cfg.uses_critic,
+    f"config.algo.truncation='bootstrap' continues a cut-off completion from the critic's "
+    f"value, and estimator={a.estimator!r} has no critic; use 'gae', or truncation='mask' "
+    "or 'terminal'.",
+  )
+  if a.entropy_target is not None:
+    _check(
+      a.entropy_target > 0 and a.entropy_step > 0 and a.entropy_coef_max >= a.entropy_coef,
+      "config.algo.entropy_target needs entropy_target > 0, entropy_step > 0 and "
+      "entropy_coef_max >= entropy_coef.",
+    )
+
+
+def _correction(cfg: "TrainConfig") -> None:
+  a = cfg.algo
+  _known(a.correction, core.CORRECTIONS, "algo.correction")
+  accepted = inspect.signature(core.CORRECTIONS[a.correction]).parameters
+  for key in cfg.correction_kwargs():
+    _check(
+      key in accepted,
+      f"config.algo.correction_{key} is set but correction={a.correction!r} takes no {key}; "
+      f"unset it, or choose a correction that takes it (token_mis, sequence_mis, icepop "
+      "take bands; token_tis and sequence_tis a cap; the sequence ones a reduce).",
+    )
+  try:
+    check_hparams(core.CORRECTIONS[a.correction], **cfg.correction_kwargs())
+  except ValueError as e:
+    raise ConfigError(f"config.algo.correction={a.correction!r}: {e}") from None
+
+
+def _rollout(cfg: "TrainConfig") -> None:
+  r = cfg.rollout
+  for key in ("prompts_per_step", "group_size", "max_new_tokens"):
+    _check(getattr(r, key) >= 1, f"config.rollout.{key} must be >= 1.")
+  _check(
+    r.off_policy_steps >= 0,
+    f"config.rollout.off_policy_steps={r.off_policy_steps} must be >= 0 (0: on-policy).",
+  )
+  _check(r.mode in ("sync", "async"), f"config.rollout.mode={r.mode!r}; use 'sync' or 'async'.")
+  if r.mode == "async":
+    _check(
+      r.off_policy_steps >= 1,
+      "config.rollout.mode='async' samples the next rollout while the current update runs, "
+      "so from params at least one update old: set config.rollout.off_policy_steps >= 1.",
+    )
+    _check(
+      not r.dynamic_sampling,
+      "config.rollout.dynamic_sampling draws its extra rounds from the trainer's current "
+      "params, which config.rollout.mode='async' keeps on other devices; use mode='sync'.",
+    )
+  _check(
+    r.temperature > 0,
+    "config.rollout.temperature must be > 0 for RL (sampling); "
+    "greedy rollouts give no exploration.",
+  )
+
+
+def _batching(cfg: "TrainConfig") -> None:
+  """Minibatches and micro-batches that divide the batch, and groups that fit them."""
+  a, r = cfg.algo, cfg.rollout
+  for key in ("ppo_epochs", "num_minibatches", "micro_batches"):
+    _check(getattr(a, key) >= 1, f"config.algo.{key} must be >= 1.")
+  _check(
+    cfg.batch_size % a.num_minibatches == 0,
+    f"config.algo.num_minibatches={a.num_minibatches} must divide the batch of "
+    f"{cfg.batch_size} sequences (rollout.prompts_per_step x rollout.group_size).",
+  )
+  minibatch = cfg.batch_size // a.num_minibatches
+  _check(
+    minibatch % a.micro_batches == 0,
+    f"config.algo.micro_batches={a.micro_batches} must divide the minibatch of {minibatch} "
+    "sequences.",
+  )
+  if a.share_prompts:
+    _check(
+      cfg.share_prompts,
+      f"config.algo.share_prompts=True needs micro-batches of whole groups, but a micro-batch "
+      f"holds {cfg.micro_batch_rows} sequences and a group {r.group_size}; lower "
+      "config.algo.num_minibatches or config.algo.micro_batches, or leave share_prompts unset.",
+    )
+
+
+def _run(cfg: "TrainConfig") -> None:
+  _check(cfg.run.eval_every >= 0, "config.run.eval_every must be >= 0 (0: no evaluation).")
+  _check(cfg.checkpoint.every >= 0, "config.checkpoint.every must be >= 0 (0: no checkpoints).")
+  _check(
+    cfg.checkpoint.keep >= 2,
+    "config.checkpoint.keep must be >= 2, so that a damaged newest step can fall back to "
+    "the one before it.",
+  )
+  _check(
+    cfg.optim.schedule in ("constant", "cosine"),
+    f"config.optim.schedule={cfg.optim.schedule!r}; use 'constant' or 'cosine'.",
+  )
+  d = cfg.distributed
+  _check(
+    not d.coordinator_address or (d.num_processes >= 1 and 0 <= d.process_id < d.num_processes),
+    "config.distributed.coordinator_address is set, so config.distributed.num_processes "
+    "(>= 1) and config.distributed.process_id (0 .. num_processes - 1) must be set too.",
+  )
+
+
+def _task(cfg: "TrainConfig") -> None:
+  _check(
+    cfg.task.name in ("arithmetic", "countdown", "gsm8k"),
+    f"config.task.name={cfg.task.name!r} is unknown; available: arithmetic, countdown, gsm8k.",
+  )
+  _check(
+    cfg.task.template in ("plain", "chat"),
+    f"config.task.template={cfg.task.template!r}; use 'plain' or 'chat'.",
+  )
+  _check(
+    not cfg.task.instruction or any(f in cfg.task.instruction for f in ("{question}", "{prompt}")),
+    f"config.task.instruction={cfg.task.instruction!r} names no example field; put "
+    "{question} (or {prompt}) where the problem goes.",
+  )
+  _check(
+    cfg.task.reward in ("exact_match", "math_verify")
+    and cfg.task.name != "countdown"
+    or cfg.task.reward == "exact_match",
+    f"config.task.reward={cfg.task.reward!r}; use 'exact_match' or 'math_verify' (arithmetic "
+    "and gsm8k; countdown has its own reward).",
+  )
+  _check(
+    not cfg.task.system_prompt or cfg.task.template == "chat",
+    "config.task.system_prompt is a chat turn; set config.task.template='chat' too.",
+  )
+  _check(
+    not cfg.task.strict_answer or bool(cfg.task.answer_marker),
+    "config.task.strict_answer=True scores only marked answers; set config.task.answer_marker "
+    "(the marker the instruction asks for, e.g. 'Answer:').",
+  )
+  _check(
+    all(0 < b <= cfg.task.prompt_length for b in cfg.task.prompt_buckets),
+    f"config.task.prompt_buckets={cfg.task.prompt_buckets} must lie in 1..task.prompt_length.",
+  )
+  _check(
+    cfg.task.name != "gsm8k" or bool(cfg.task.path),
+    "config.task.name='gsm8k' needs config.task.path: a local GSM8K-format .jsonl or .parquet "
+    "file (records with 'question' and an 'answer' ending in '#### <number>').",
+  )
+
+
+def _model(cfg: "TrainConfig") -> None:
+  _check(
+    cfg.model.logprob_chunk_tokens >= 0,
+    f"config.model.logprob_chunk_tokens={cfg.model.logprob_chunk_tokens} must be >= 0 "
+    "(0: full logits).",
+  )
+  _check(
+    cfg.model.attention_chunk >= 0,
+    f"config.model.attention_chunk={cfg.model.attention_chunk} must be >= 0 (0: no chunks).",
+  )
+  _check(
+    cfg.model.remat in REMAT_POLICIES,
+    f"config.model.remat={cfg.model.remat!r} is unknown; use one of {sorted(REMAT_POLICIES)}.",
+  )
+  _check(
+    cfg.model.dtype in ("float32", "bfloat16") and cfg.model.param_dtype in ("float32", "bfloat16"),
+    "config.model.dtype and param_dtype must be 'float32' or 'bfloat16'.",
+  )
+  _check(
+    cfg.model.param_dtype == "float32" or cfg.lora.rank > 0,
+    f"config.model.param_dtype={cfg.model.param_dtype!r} would keep the trained weights and "
+    "AdamW's moments in bfloat16, whose 8-bit mantissa rounds most updates away. Use "
+    "config.model.param_dtype='float32' with config.model.dtype='bfloat16': float32 master "
+    "weights and optimizer state, bfloat16 compute. (With LoRA, config.lora.rank > 0, the "
+    "frozen base may be bfloat16: the adapters stay float32.)",
+  )
+
+
+def _lora(cfg: "TrainConfig") -> None:
+  c = cfg.lora
+  _check(c.rank >= 0, f"config.lora.rank={c.rank} must be >= 0 (0: full fine-tuning).")
+  if not c.rank:
+    _check(
+      not c.quantize,
+      f"config.lora.quantize={c.quantize!r} quantizes a frozen base, which needs adapters to "
+      "train: set config.lora.rank (e.g. 16), or config.lora.quantize=''.",
+    )
+    return
+  try:
+    resolve_targets(c.targets)
+  except ValueError as e:
+    raise ConfigError(f"config.lora.targets={c.targets!r}: {e}") from None
+  _check(c.alpha > 0, f"config.lora.alpha={c.alpha} must be positive (the scale is alpha/rank).")
+  _check(0.0 <= c.dropout < 1.0, f"config.lora.dropout={c.dropout} must be in [0, 1) (0: none).")
+  _check(
+    not (c.dropout and cfg.model.scan_layers),
+    "config.lora.dropout > 0 draws one mask per adapter call, which scanned layers would "
+    "share; set config.model.scan_layers=False or config.lora.dropout=0.",
+  )
+  _check(
+    c.quantize in ("",) + tuple(QUANT_TYPES),
+    f"config.lora.quantize={c.quantize!r} is unknown; use '', {', '.join(QUANT_TYPES)}.",
+  )
+  _check(c.quant_tile > 0, f"config.lora.quant_tile={c.quant_tile} must be positive.")
+
+
+def _mesh(cfg: "TrainConfig", num_devices: int) -> None:
+  a = cfg.algo
+  minibatch = cfg.batch_size // a.num_minibatches
+  m = cfg.mesh
+  fixed = m.fsdp * m.tensor * (1 if m.data == -1 else m.data)
+  _check(
+    num_devices % fixed == 0 if m.data == -1 else fixed == num_devices,
+    f"config.mesh data={m.data} x fsdp={m.fsdp} x tensor={m.tensor} does not fit the "
+    f"{num_devices} devices; set config.mesh.data=-1 to use the rest.",
+  )
+  data = num_devices // (m.fsdp * m.tensor) if m.data == -1 else m.data
+  shards = data * m.fsdp
+  for what, rows in (
+    ("batch", cfg.batch_size),
+    ("minibatch", minibatch),
+    ("micro-batch", minibatch // a.micro_batches),
+  ):
+    _check(
+      rows % shards == 0,
+      f"the {what} of {rows} sequences does not split over mesh data x fsdp = {shards} "
+      "devices; change config.rollout.prompts_per_step, config.algo.num_minibatches or "
+      "config.algo.micro_batches, or the mesh.",
+    )

@@ -1,0 +1,113 @@
+"""Rollout producers: on-policy and off-policy staleness, the sampler's log-probs as the
+behaviour policy, and an off-policy run (with dynamic sampling drawing from the same
+prompt stream) that resumes bitwise after kill -9 with rollouts in flight."""
+
+import json
+from pathlib import Path
+
+import jax
+import pytest
+from checkpoint_test import N, assert_bitwise_equal, metric_rows, params, run_killed
+from train_test import OnesTask, small_config
+
+from jaxrl_llm.train import ConfigError, train
+
+OFF_POLICY = {
+  "rollout.off_policy_steps": 2,
+  "rollout.dynamic_sampling": True,  # its extra rounds draw prompts between dispatches
+  "algo.correction": "token_tis",
+  "run.steps": 2 * N,
+  "checkpoint.every": N,
+}
+
+
+def _rows(summary):
+  return [json.loads(line) for line in Path(summary["metrics"]).read_text().splitlines()]
+
+
+@pytest.mark.parametrize("ahead,staleness", [(0, [0, 0, 0, 0]), (2, [0, 1, 2, 2])])
+def test_rollouts_are_at_most_off_policy_steps_old(tmp_path, ahead, staleness):
+  """Off-policy by k: the first k + 1 rollouts come from the initial params, then each is k
+  updates old; the trainer sees the gap as a ratio pi_old / pi_behav away from 1."""
+  cfg = small_config(
+    tmp_path,
+    **{"rollout.off_policy_steps": ahead, "algo.correction": "token_tis", "run.steps": 4},
+  )
+  rows = _rows(train(cfg, task=OnesTask(cfg)))  # rewards that vary: the params move
+  assert [r["staleness_max"] for r in rows] == staleness
+  assert [r["staleness_mean"] for r in rows] == staleness
+  stale = [r["mismatch_k3"] for r, age in zip(rows, staleness, strict=True) if age]
+  fresh = [r["mismatch_k3"] for r, age in zip(rows, staleness, strict=True) if not age]
+  assert max(fresh) < 1e-6
+  if stale:
+    assert min(stale) > 100 * max(fresh)  # older params sampled them: a measurable gap
+
+
+def test_off_policy_kill_9_then_resume_equals_uninterrupted_run(tmp_path):
+  ref = train(small_config(tmp_path / "ref", **OFF_POLICY))
+  cfg = small_config(tmp_path / "killed", **OFF_POLICY)
+  run_killed(cfg, "after-step", N + 1, tmp_path)  # dies after step N+1, last checkpoint N
+  resumed = train(cfg)
+  assert resumed["resumed_from"] == N
+  assert_bitwise_equal(params(resumed), params(ref))
+  assert metric_rows(tmp_path / "killed") == metric_rows(tmp_path / "ref")
+  assert any(r["dynamic_extra_rounds"] for r in metric_rows(tmp_path / "ref"))
+
+
+ASYNC = {
+  "rollout.mode": "async",
+  "rollout.sampler_devices": 4,
+  "rollout.off_policy_steps": 1,
+  "algo.correction": "token_tis",
+  "run.steps": 2 * N,
+  "checkpoint.every": N,
+}
+
+
+@pytest.mark.parametrize("lora", [{}, {"lora.rank": 4, "lora.alpha": 8.0}], ids=["full", "lora"])
+def test_async_on_4_plus_4_devices_equals_sync_off_policy_on_4(tmp_path, lora):
+  """The sampler's own mesh and params copy change where rollouts run, not what they are:
+  the same key gives the same samples on any mesh, so the run is the synchronous
+  off-policy one on the trainer's 4 devices (with LoRA, the sampler's copy gets the
+  adapters after each update, and keeps the base it was given)."""
+  async_run = train(small_config(tmp_path / "async", **(ASYNC | lora)))
+  assert async_run["mesh"]["data"] == 4 and async_run["sampler_mesh"]["data"] == 4
+  sync_settings = ASYNC | lora | {"rollout.mode": "sync"}
+  sync_run = train(small_config(tmp_path / "sync", **sync_settings), devices=jax.devices()[:4])
+  assert_bitwise_equal(params(async_run), params(sync_run))
+  rows = _rows(async_run)
+  assert [r["staleness_max"] for r in rows] == [0, 1, 1, 1]
+  assert metric_rows(tmp_path / "async") == metric_rows(tmp_path / "sync")
+
+
+def test_async_kill_9_then_resume_equals_uninterrupted_run(tmp_path):
+  ref = train(small_config(tmp_path / "ref", **ASYNC))
+  cfg = small_config(tmp_path / "killed", **ASYNC)
+  run_killed(cfg, "after-step", N + 1, tmp_path)
+  resumed = train(cfg)
+  assert resumed["resumed_from"] == N
+  assert_bitwise_equal(params(resumed), params(ref))
+  assert metric_rows(tmp_path / "killed") == metric_rows(tmp_path / "ref")
+
+
+@pytest.mark.parametrize(
+  "overrides,message",
+  [
+    ({"rollout.mode": "async"}, r"mode='async'.*off_policy_steps >= 1"),
+    (
+      {"rollout.mode": "async", "rollout.off_policy_steps": 1, "rollout.dynamic_sampling": True},
+      r"dynamic_sampling.*use mode='sync'",
+    ),
+    ({"rollout.mode": "overlap"}, r"config.rollout.mode='overlap'; use 'sync' or 'async'"),
+    ({"rollout.off_policy_steps": -1}, r"off_policy_steps=-1 must be >= 0"),
+  ],
+)
+def test_bad_producer_settings_name_the_key(tmp_path, overrides, message):
+  with pytest.raises(ConfigError, match=message):
+    small_config(tmp_path, **overrides)
+
+
+def test_a_sampler_that_leaves_no_trainer_devices_is_refused(tmp_path):
+  cfg = small_config(tmp_path, **(ASYNC | {"rollout.sampler_devices": 8}))
+  with pytest.raises(ConfigError, match=r"config.rollout.sampler_devices=8 must leave"):
+    train(cfg)

@@ -195,3 +195,17 @@ def test_the_trainer_weighs_tokens_by_the_samplers_log_probs(tmp_path):
   assert m["mismatch_k3"] > 1e-3
   assert m["is_weight_mean"] < 0.99
   assert m["is_weight_max"] <= 1.0 + 1e-5  # a nucleus never makes a token less likely
+
+
+def test_corrected_policy_loss_weighs_the_registered_loss():
+  logp = jnp.log(jnp.array([[0.5, 0.4, 0.3]]))
+  behav = jnp.log(jnp.array([[0.25, 0.4, 0.6]]))  # rho = 2, 1, 0.5
+  adv, mask = jnp.array([1.0]), jnp.ones((1, 3))
+  loss, m = core.corrected_policy_loss(
+    "ppo_clip", logp, logp, behav, adv, mask, correction="token_tis", correction_kwargs={"cap": 1.5}
+  )
+  np.testing.assert_allclose(loss, [[-1.5, -1.0, -0.5]], rtol=1e-6)  # -A r w at r = 1
+  assert {"clipfrac_low", "ratio_mean", "mismatch_k3", "is_weight_max"} <= set(m)
+  plain, _ = core.ppo_clip(logp, logp, adv, mask)
+  same, _ = core.corrected_policy_loss(core.ppo_clip, logp, logp, logp, adv, mask)
+  np.testing.assert_array_equal(same, plain)  # on-policy, no correction: the loss itself

@@ -26,6 +26,7 @@ from jaxrl_llm.core.aggregate import (
 )
 from jaxrl_llm.core.correction import (
   CORRECTIONS,
+  corrected_policy_loss,
   icepop,
   no_correction,
   sequence_mis,
@@ -63,6 +64,7 @@ from jaxrl_llm.core.value_loss import clipped_value_loss
 
 __all__ = [
   "CORRECTIONS",
+  "corrected_policy_loss",
   "icepop",
   "no_correction",
   "sequence_mis",

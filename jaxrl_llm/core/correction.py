@@ -34,6 +34,8 @@ import jax
 import jax.numpy as jnp
 
 from jaxrl_llm.core.kl import LOG_RATIO_CLAMP, kl_k3
+from jaxrl_llm.core.policy_loss import POLICY_LOSSES
+from jaxrl_llm.core.registry import lookup
 from jaxrl_llm.core.stats import masked_max, masked_mean
 
 SEQUENCE_REDUCTIONS = ("product", "geometric")
@@ -204,3 +206,35 @@ CORRECTIONS = {
   "sequence_mis": sequence_mis,
   "icepop": icepop,
 }
+
+
+def corrected_policy_loss(
+  policy_loss,
+  logp_BxT,
+  old_logp_BxT,
+  behav_logp_BxT,
+  advantages,
+  mask_BxT,
+  *,
+  correction="none",
+  correction_kwargs=None,
+  axis_name=None,
+  **hparams,
+):
+  """A policy loss in pi / pi_old, each token weighted by a mismatch correction of
+  pi_old / pi_behav (the decoupled objective): `policy_loss` and `correction` are names in
+  `POLICY_LOSSES` and `CORRECTIONS` or functions. Returns (weighted loss_BxT, the loss's
+  metrics and the correction's)."""
+  loss_fn = policy_loss
+  if isinstance(policy_loss, str):
+    loss_fn = lookup(POLICY_LOSSES, policy_loss, "policy loss")
+  weigh = correction
+  if isinstance(correction, str):
+    weigh = lookup(CORRECTIONS, correction, "mismatch correction")
+  loss_BxT, metrics = loss_fn(
+    logp_BxT, old_logp_BxT, advantages, mask_BxT, axis_name=axis_name, **hparams
+  )
+  weights_BxT, weight_metrics = weigh(
+    old_logp_BxT, behav_logp_BxT, mask_BxT, axis_name=axis_name, **(correction_kwargs or {})
+  )
+  return weights_BxT * loss_BxT, metrics | weight_metrics

@@ -271,15 +271,18 @@ def policy_objective(
     max_len=cfg.rollout.max_new_tokens,
     global_denominator=denominator,
   )
-  pg_BxN, metrics = core.POLICY_LOSSES[a.policy_loss](
-    logp, old_logp, exp.advantages_BxN, mask, **cfg.policy_loss_kwargs()
+  behav = exp.batch.behav_logp_BxN  # None (labelled batches): the trainer's own, weight 1
+  pg_BxN, metrics = core.corrected_policy_loss(
+    a.policy_loss,
+    logp,
+    old_logp,
+    jax.lax.stop_gradient(old_logp) if behav is None else behav,
+    exp.advantages_BxN,
+    mask,
+    correction=a.correction,
+    correction_kwargs=cfg.correction_kwargs(),
+    **cfg.policy_loss_kwargs(),
   )
-  if exp.batch.behav_logp_BxN is not None:  # pi_old / pi_behav: the sampler's mismatch
-    weights_BxN, correction_metrics = core.CORRECTIONS[a.correction](
-      old_logp, exp.batch.behav_logp_BxN, mask, **cfg.correction_kwargs()
-    )
-    pg_BxN = weights_BxN * pg_BxN
-    metrics = metrics | correction_metrics
   pg_loss = agg(pg_BxN)
   loss = pg_loss
   if a.kl_placement == "loss" and a.kl_coef > 0:

@@ -50,12 +50,16 @@ def _log_rho(old_logp_BxT, behav_logp_BxT, mask_BxT):
 def _sequence_log_rho(log_rho_BxT, mask_BxT, reduce):
   """log of the sequence's ratio, [B, 1]: the sum of token log-ratios (the product of the
   ratios, the exact sequence IS weight) or their mean (the geometric mean, length-free)."""
-  if reduce not in SEQUENCE_REDUCTIONS:
-    raise ValueError(f"reduce must be one of {SEQUENCE_REDUCTIONS}, got {reduce!r}.")
+  _check_reduce(reduce)
   total_Bx1 = jnp.sum(log_rho_BxT, -1, keepdims=True)
   if reduce == "geometric":
     total_Bx1 = total_Bx1 / jnp.maximum(mask_BxT.sum(-1, keepdims=True), 1)
   return jnp.clip(total_Bx1, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+
+
+def _check_reduce(reduce) -> None:
+  if reduce not in SEQUENCE_REDUCTIONS:
+    raise ValueError(f"reduce must be one of {SEQUENCE_REDUCTIONS}, got {reduce!r}.")
 
 
 def _band(cap, low, high):
@@ -78,8 +82,8 @@ def check_hparams(fn, **hparams) -> None:
     if p.default is not inspect.Parameter.empty
   }
   given = defaults | hparams
-  if "reduce" in given and given["reduce"] not in SEQUENCE_REDUCTIONS:
-    raise ValueError(f"reduce must be one of {SEQUENCE_REDUCTIONS}, got {given['reduce']!r}.")
+  if "reduce" in given:
+    _check_reduce(given["reduce"])
   if "low" in given:  # a masking band
     _band(given.get("cap", given["high"]), given["low"], given["high"])
   elif "cap" in given and not given["cap"] > 0:

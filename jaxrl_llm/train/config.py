@@ -332,13 +332,7 @@ class TrainConfig:
 
   def correction_kwargs(self) -> dict:
     """The correction's knobs that are set (validate refuses ones it does not take)."""
-    a = self.algo
-    given = {
-      "cap": a.correction_cap,
-      "low": a.correction_low,
-      "high": a.correction_high,
-      "reduce": a.correction_reduce,
-    }
+    given = {k: getattr(self.algo, f"correction_{k}") for k in ("cap", "low", "high", "reduce")}
     return {k: v for k, v in given.items() if v is not None}
 
 

@@ -51,7 +51,7 @@ class _Job:
   test: list
   peak_flops: float | None
   summary: dict
-  sampler_devices: list | None = None  # async mode: the devices the rollouts run on
+  sampler_mesh: Mesh | None = None  # async mode: the devices the rollouts run on
 
   @property
   def show(self) -> bool:
@@ -219,9 +219,11 @@ def _setup(cfg: TrainConfig, devices, task: Task | None) -> tuple[_Job, dict]:
   }
   if dropped:
     summary["filtered_overlong_prompts"] = dropped
-  if sampler is not None:
-    summary["sampler_mesh"] = dict(producer_lib.sampler_mesh(sampler).shape)
-  job = _Job(cfg, mesh, task, learner, examples["test"], peak, summary, sampler)
+  sampler_mesh = None
+  if sampler is not None:  # its devices on the data axis: params replicated, rows split
+    sampler_mesh = make_mesh(devices=sampler)
+    summary["sampler_mesh"] = dict(sampler_mesh.shape)
+  job = _Job(cfg, mesh, task, learner, examples["test"], peak, summary, sampler_mesh)
   return job, examples
 
 
@@ -365,9 +367,9 @@ def _finish(job: _Job, writer, ckpt, last_eval) -> dict:
 def _producer(job: _Job, stream, key, first: int):
   """The rollout producer of `rollout.mode`, starting from the params of step `first`."""
   args = (job.learner, job.task, stream, job.cfg, key, first)
-  if job.sampler_devices is None:
+  if job.sampler_mesh is None:
     return producer_lib.RolloutProducer(*args)
-  return producer_lib.AsyncProducer(*args, producer_lib.sampler_mesh(job.sampler_devices))
+  return producer_lib.AsyncProducer(*args, job.sampler_mesh)
 
 
 def train(cfg: TrainConfig, devices=None, task: Task | None = None) -> dict:

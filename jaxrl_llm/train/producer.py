@@ -24,9 +24,8 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from jaxrl_llm import core
 from jaxrl_llm.data import PromptBatch, pad_left_to
-from jaxrl_llm.models.sharding import make_mesh, param_shardings
+from jaxrl_llm.models.sharding import batch_sharding, param_shardings
 from jaxrl_llm.rewards import score
 from jaxrl_llm.rollout.sampler import SampleOutput
 from jaxrl_llm.train import dynamic, hosts
@@ -233,8 +232,8 @@ class RolloutProducer:
         behav_logp_BxN=out.logprobs_BxN,
       )
     stats["completions_sampled"] = cfg.batch_size * len(rounds)  # dynamic rounds included
-    versions = np.full(cfg.batch_size, job.version)
-    stats |= {k: float(v) for k, v in core.staleness_metrics(versions, self.version).items()}
+    age = float(self.version - job.version)  # every row of a rollout shares its params
+    stats |= {"staleness_mean": age, "staleness_max": age}
     return Rollout(batch, stats, rounds)
 
   def state(self) -> dict:
@@ -316,10 +315,10 @@ class AsyncProducer(RolloutProducer):
     super().__init__(learner, task, stream, cfg, key, version)
     self.mesh = sampler_mesh
     abstract = jax.eval_shape(lambda: learner.state.policy)
-    self.shardings = param_shardings(abstract, sampler_mesh, learner.rules)
     adapters = state_lib.split_trainable(cfg, abstract)[0]  # with LoRA; else the policy
     self.trainable_shardings = param_shardings(adapters, sampler_mesh, learner.rules)
-    self.params = _reshard(learner.state.policy, self.shardings)
+    shardings = param_shardings(abstract, sampler_mesh, learner.rules)
+    self.params = _reshard(learner.state.policy, shardings)
 
   def _sample(self, local, rng):
     learner, G = self.learner, self.cfg.rollout.group_size
@@ -337,8 +336,9 @@ class AsyncProducer(RolloutProducer):
     return _repeated(learner, prompt, G), out
 
   def _on_trainer(self, out: SampleOutput) -> SampleOutput:
-    """The sampler mesh's samples as arrays of the learner's mesh, through each host."""
-    return SampleOutput(*self.learner.shard_batch(tuple(hosts.to_local(x) for x in out)))
+    """The sampler mesh's samples as arrays of the learner's mesh, split by rows."""
+    shardings = SampleOutput(*(batch_sharding(self.learner.mesh, x.ndim) for x in out))
+    return _reshard(out, shardings)
 
   def updated(self, step: int) -> None:
     super().updated(step)
@@ -346,8 +346,3 @@ class AsyncProducer(RolloutProducer):
     trainable = state_lib.split_trainable(self.cfg, policy)[0]  # with LoRA only the adapters
     frozen = state_lib.split_trainable(self.cfg, self.params)[1]
     self.params = state_lib.join_trainable(_reshard(trainable, self.trainable_shardings), frozen)
-
-
-def sampler_mesh(devices) -> "jax.sharding.Mesh":
-  """The sampler's mesh: its devices on the data axis (params replicated, rows split)."""
-  return make_mesh(devices=devices)

@@ -38,7 +38,7 @@ FINAL_FRACTION = 0.1  # "final" KL, entropy, lengths, clip fraction: the mean ov
 @dataclasses.dataclass(frozen=True)
 class TaskSpec:
   description: str
-  overrides: dict  # config keys that define the task (on top of experiments/ablation/base.py)
+  overrides: dict  # config keys that define the task (on top of the suite's base config)
   target: float  # held-out accuracy whose first crossing the report times
   warm_steps: int = 300
   warm_examples: int = 1024
@@ -51,6 +51,7 @@ class Suite:
   tasks: dict[str, TaskSpec]
   steps: int
   env: tuple = ()  # (name, value) pairs every run of the suite gets, e.g. its device count
+  base: str = "experiments/ablation/base.py"  # the warm start's config; the methods' base
 
 
 SUITES = {
@@ -82,17 +83,23 @@ SUITES = {
   ),
 }
 
-ADD2 = SUITES["grpo_vs_ppo"].tasks["add2"]
 SUITES["off_policy"] = Suite(
-  description="GRPO on-policy, one step off-policy (same devices, and asynchronous on a "
-  "sampler mesh of its own) and with top-p 0.9 sampling, with and without token TIS against "
-  "the sampler's log-probs. Every run has 2 CPU devices (JAX_NUM_CPU_DEVICES=2): the "
-  "synchronous methods use both for data parallelism, the asynchronous one gives one to the "
-  "sampler and one to the trainer.",
-  methods=("sync_tis", "offpolicy_k1_tis", "async_k1_tis", "top_p_none", "top_p_tis"),
-  tasks={"add2": ADD2},
-  steps=600,
+  description="The default run (experiments/default.py: GRPO on 2-digit addition, 1500 steps) "
+  "on-policy, asynchronous one step off-policy with token TIS (the sampler on one device with "
+  "its own params copy, the trainer on the other), and sampling with top-p 0.9 with and "
+  "without token TIS against the sampler's log-probs. Every run has 2 CPU devices "
+  "(JAX_NUM_CPU_DEVICES=2): the synchronous methods use both for data parallelism.",
+  methods=("sync", "async_k1_tis", "top_p_none", "top_p_tis"),
+  tasks={
+    "default": TaskSpec(
+      "the default task, 2-digit addition, `47+15=` -> `62`, 4 new tokens at most",
+      {},
+      target=0.3,
+    )
+  },
+  steps=1500,
   env=(("JAX_NUM_CPU_DEVICES", "2"),),
+  base="experiments/ablation/default_base.py",
 )
 
 SMOKE = {  # 2 steps per method: checks the whole pipeline, measures nothing
@@ -135,12 +142,13 @@ def _is_done(workdir: Path, steps: int) -> bool:
   return path.exists() and json.loads(path.read_text()).get("steps") == steps
 
 
-def warm_start(out: Path, name: str, spec: TaskSpec, smoke: bool) -> Path:
+def warm_start(out: Path, suite: Suite, name: str, smoke: bool) -> Path:
   """The task's warm-started policy as a Hugging Face directory (made once)."""
   workdir = out / "runs" / name / "warmstart"
   hf = workdir / "hf"
   if (hf / "config.json").exists():
     return hf
+  spec = suite.tasks[name]
   settings = spec.overrides | {
     "warmstart.steps": 5 if smoke else spec.warm_steps,
     "warmstart.examples": 64 if smoke else spec.warm_examples,
@@ -149,7 +157,7 @@ def warm_start(out: Path, name: str, spec: TaskSpec, smoke: bool) -> Path:
     "run.progress": False,
     "run.workdir": workdir,
   }
-  base = [sys.executable, "-m", "jaxrl_llm.train", "--config", "experiments/ablation/base.py"]
+  base = [sys.executable, "-m", "jaxrl_llm.train", "--config", suite.base]
   _run(base + _flags(settings), workdir / "log.txt", out)
   export = [sys.executable, "-m", "jaxrl_llm.export", "--checkpoint", str(workdir)]
   _run(export + ["--out", str(hf)], workdir / "log.txt", out)
@@ -390,8 +398,8 @@ def main(argv=None) -> Path:
   start = time.monotonic()
   with tqdm(total=len(suite.tasks), desc="warm starts", unit="task") as bar:
     policies = {}
-    for name, spec in suite.tasks.items():
-      policies[name] = warm_start(out, name, spec, args.smoke)
+    for name in suite.tasks:
+      policies[name] = warm_start(out, suite, name, args.smoke)
       bar.update()
   grid = [(t, m, s) for t in suite.tasks for m in suite.methods for s in range(args.seeds)]
   with (

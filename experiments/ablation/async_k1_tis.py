@@ -1,11 +1,11 @@
-"""GRPO asynchronous (`rollout.mode=async`): the sampler on half the devices with its own
-params copy, one step off-policy, token TIS."""
+"""The default run asynchronous (`rollout.mode=async`): the sampler on half the devices with
+its own params copy, one step off-policy, token TIS against the sampler's log-probs."""
 
-from experiments.ablation import grpo
+from experiments.ablation import default_base
 
 
 def get_config():
-  c = grpo.get_config()
+  c = default_base.get_config()
   c.rollout.update(mode="async", off_policy_steps=1)
   c.algo.update(correction="token_tis")
   return c

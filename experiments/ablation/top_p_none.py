@@ -1,11 +1,10 @@
-"""GRPO sampling with top-p 0.9 and no correction: the loss treats the nucleus's tokens
-as if drawn from the full softmax."""
+"""The default run sampling with top-p 0.9 and no correction: the ratio's denominator is the
+trainer's full-softmax log-prob, not the nucleus distribution the tokens came from."""
 
-from experiments.ablation import grpo
+from experiments.ablation import default_base
 
 
 def get_config():
-  c = grpo.get_config()
+  c = default_base.get_config()
   c.rollout.update(top_p=0.9)
-  c.algo.update(correction="none")
   return c

@@ -148,7 +148,7 @@ def _lora_base(cfg, recorded: dict) -> nnx.State:
 def _copy_tokenizer(meta: dict, out: Path) -> None:
   tok = meta.get("tokenizer", {})
   if tok.get("kind") == "char":
-    CharTokenizer(tok["alphabet"], with_bos=tok["with_bos"]).save(out)
+    CharTokenizer(tok["alphabet"], tok["with_bos"], tuple(tok.get("tokens", ()))).save(out)
   elif tok.get("kind") == "hf":
     source = Path(tok["path"])
     copied = [f for f in TOKENIZER_FILES if (source / f).exists()]

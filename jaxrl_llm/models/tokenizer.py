@@ -5,6 +5,7 @@ Both expose `encode(text) -> list[int]`, `decode(ids) -> str`, `pad_id`,
 """
 
 import json
+import re
 from pathlib import Path
 from typing import Protocol
 
@@ -116,7 +117,8 @@ class HFTokenizer:
 
 class CharTokenizer:
   """One id per character of `alphabet`, after <pad> (0), <eos> (1) and, unless
-  `with_bos=False`, <bos> (2).
+  `with_bos=False`, <bos> (2); then one id per multi-character token of `tokens` (markup
+  such as "<tool_call>", read as one token wherever it appears in a text).
 
   For synthetic tasks with tiny models. Unknown characters raise.
   """
@@ -125,19 +127,33 @@ class CharTokenizer:
     self,
     alphabet: str = "0123456789+-*/=() abcdefghijklmnopqrstuvwxyz.,:?#\n",
     with_bos: bool = True,
+    tokens: tuple[str, ...] = (),
   ):
     if len(set(alphabet)) != len(alphabet):
       raise ValueError("CharTokenizer alphabet has repeated characters.")
+    if len(set(tokens)) != len(tokens) or any(len(t) < 2 for t in tokens):
+      raise ValueError(f"CharTokenizer tokens must be distinct and 2+ characters: {tokens}.")
     self.specials = ("<pad>", "<eos>", "<bos>") if with_bos else ("<pad>", "<eos>")
-    self.alphabet = alphabet
+    self.alphabet, self.tokens = alphabet, tuple(tokens)
     self._ids = {c: i + len(self.specials) for i, c in enumerate(alphabet)}
+    self._ids |= {t: i + len(self.specials) + len(alphabet) for i, t in enumerate(self.tokens)}
+    self._texts = {i: t for t, i in self._ids.items()}
+    self._split = re.compile("|".join(re.escape(t) for t in self.tokens)) if self.tokens else None
     self.pad_id, self.eos_id = 0, 1
     self.bos_id = 2 if with_bos else None
-    self.vocab_size = len(self.specials) + len(alphabet)
+    self.vocab_size = len(self.specials) + len(alphabet) + len(self.tokens)
 
   def encode(self, text: str) -> list[int]:
+    if self._split is not None:  # the multi-character tokens, then characters between them
+      pieces, start = [], 0
+      for match in self._split.finditer(text):
+        pieces += [*text[start : match.start()], match.group()]
+        start = match.end()
+      pieces += [*text[start:]]
+    else:
+      pieces = list(text)
     try:
-      return [self._ids[c] for c in text]
+      return [self._ids[c] for c in pieces]
     except KeyError as e:
       raise ValueError(f"character {e.args[0]!r} is not in the CharTokenizer alphabet.") from None
 
@@ -150,7 +166,7 @@ class CharTokenizer:
         if not skip_special_tokens:
           out.append(self.specials[i])
       else:
-        out.append(self.alphabet[i - len(self.specials)])
+        out.append(self._texts[i])
     return "".join(out)
 
   def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
@@ -170,6 +186,7 @@ class CharTokenizer:
     )
     tok.decoder = tokenizers.decoders.Fuse()
     tok.add_special_tokens(list(self.specials))
+    tok.add_tokens([tokenizers.AddedToken(t, special=False, normalized=False) for t in self.tokens])
     tok.save(str(path / "tokenizer.json"))
     names = dict(zip(("pad_token", "eos_token", "bos_token"), self.specials, strict=False))
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 4096} | names
@@ -178,7 +195,8 @@ class CharTokenizer:
 
   def describe(self) -> dict:
     """What rebuilds this tokenizer (stored with checkpoints)."""
-    return {"kind": "char", "alphabet": self.alphabet, "with_bos": self.bos_id is not None}
+    out = {"kind": "char", "alphabet": self.alphabet, "with_bos": self.bos_id is not None}
+    return out | ({"tokens": list(self.tokens)} if self.tokens else {})
 
 
 def load_tokenizer(path) -> HFTokenizer:

@@ -267,6 +267,7 @@ def generate(
   params=None,
   mesh=None,
   cache_dtype=None,
+  trim: bool = True,
 ) -> SampleOutput:
   """Samples `num_samples` completions of every left-padded prompt.
 
@@ -285,6 +286,8 @@ def generate(
     mesh: a (data, fsdp, tensor) mesh; the B*G rows are split over data and fsdp.
       Place the params with `models.sharding.shard_params` first.
     cache_dtype: KV cache dtype (default: the model's compute dtype).
+    trim: drop leading columns that are padding in every row (a few widths compile);
+      False keeps the prompts' width, so one program serves every call of that shape.
   """
   if params is None:
     graphdef, params = nnx.split(model)
@@ -312,7 +315,8 @@ def generate(
       f"B*G = {rows} rows must divide over the mesh's data x fsdp = "
       f"{batch_size_divisor(mesh)} devices."
     )
-  prompt_BxP, prompt_mask_BxP = _drop_padding_columns(prompt_BxP, prompt_mask_BxP)
+  if trim:
+    prompt_BxP, prompt_mask_BxP = _drop_padding_columns(prompt_BxP, prompt_mask_BxP)
   return _generate(
     graphdef,
     params,

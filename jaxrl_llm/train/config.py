@@ -126,6 +126,21 @@ class RolloutSection:
 
 
 @dataclasses.dataclass(frozen=True)
+class EnvSection:
+  """Multi-turn episodes with an environment of `jaxrl_llm.envs` (train/episodes.py); `name`
+  "" trains on single completions. An episode is the environment's first prompt (at most
+  `task.prompt_length` tokens), then model turns of at most `rollout.max_new_tokens` tokens
+  and the environment's replies, for at most `max_turns` model turns and `max_tokens`
+  tokens after the prompt, the model's and the environment's together. `kwargs`: a JSON
+  object of the environment's keyword arguments, e.g. '{"turn_cost": 0.05}'."""
+
+  name: str = ""
+  max_turns: int = 4
+  max_tokens: int = 64
+  kwargs: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
 class AlgoSection:
   """The knobs the ablation literature turns."""
 
@@ -253,6 +268,7 @@ class TrainConfig:
   task: TaskSection = TaskSection()
   rewards: RewardsSection = RewardsSection()
   rollout: RolloutSection = RolloutSection()
+  env: EnvSection = EnvSection()
   algo: AlgoSection = AlgoSection()
   optim: OptimSection = OptimSection()
   warmstart: WarmstartSection = WarmstartSection()
@@ -265,6 +281,12 @@ class TrainConfig:
   def batch_size(self) -> int:
     """Sequences per iteration: prompts x group size."""
     return self.rollout.prompts_per_step * self.rollout.group_size
+
+  @property
+  def completion_tokens(self) -> int:
+    """N, the completion axis of every batch: a completion's token budget, or with an
+    environment an episode's (model and environment tokens after the prompt)."""
+    return self.env.max_tokens if self.env.name else self.rollout.max_new_tokens
 
   @property
   def single_update(self) -> bool:

@@ -229,9 +229,12 @@ class Learner:
     temperature,
     max_new_tokens=None,
     mesh=None,
+    eos_ids=None,
+    trim=True,
   ) -> SampleOutput:
     """Samples from `params`: the state's policy, or before `init_state` the base's. `mesh`:
-    the mesh the params and prompts are on (default: the learner's)."""
+    the mesh the params and prompts are on (default: the learner's). `eos_ids`: the ids that
+    end a completion (default: the model's end ids); `trim`: see `rollout.generate`."""
     r = self.cfg.rollout
     graphdef = self.base_def if self.state is None else self.policy_def
     return generate(
@@ -245,9 +248,10 @@ class Learner:
       temperature=temperature,
       top_k=(r.top_k or None) if temperature else None,
       top_p=(None if r.top_p == 1.0 else r.top_p) if temperature else None,
-      eos_ids=self.eos_ids,
+      eos_ids=self.eos_ids if eos_ids is None else eos_ids,
       num_samples=num_samples,
       pad_id=self.pad_id,
+      trim=trim,
     )
 
   def experience(self, batch: step_lib.Batch):

@@ -20,6 +20,7 @@ from jaxrl_llm.data import pad_left_to, prompt_iterator
 from jaxrl_llm.models.config import to_hf_config
 from jaxrl_llm.models.sharding import make_mesh
 from jaxrl_llm.train import checkpoint as checkpoint_lib
+from jaxrl_llm.train import episodes as episodes_lib
 from jaxrl_llm.train import hosts, perf
 from jaxrl_llm.train import producer as producer_lib
 from jaxrl_llm.train import step as step_lib
@@ -52,6 +53,7 @@ class _Job:
   peak_flops: float | None
   summary: dict
   sampler_mesh: Mesh | None = None  # async mode: the devices the rollouts run on
+  episodes: episodes_lib.EpisodeRunner | None = None  # with config.env: plays episodes
 
   @property
   def show(self) -> bool:
@@ -59,7 +61,13 @@ class _Job:
     return self.cfg.run.progress and jax.process_index() == 0
 
   def evaluate(self) -> float:
-    """Greedy accuracy of the current policy on the held-out examples."""
+    """Greedy accuracy of the current policy on the held-out examples (with an
+    environment: the share of greedy episodes solved)."""
+    if self.episodes is not None:
+      params = self.learner.state.policy if self.learner.state else self.learner.policy
+      return episodes_lib.evaluate_episodes(
+        self.episodes, params, self.test, self.cfg.run.eval_batch_size
+      )
     return evaluate(self.learner, self.task, self.test, self.cfg.run.eval_batch_size)
 
 
@@ -95,11 +103,15 @@ def _labelled_batch(task, local, max_new_tokens) -> Batch:
   )
 
 
-def _warm_start(learner, task, labelled, cfg, bar_enabled):
+def _warm_start(learner, task, labelled, cfg, bar_enabled, episodes=None):
+  """Supervised steps on labelled answers, or on an environment's demonstrated episodes."""
   w, N = cfg.warmstart, cfg.rollout.max_new_tokens
   rows = hosts.local_rows(learner.mesh, w.batch_size)
   stream = prompt_iterator(labelled, w.batch_size, seed=cfg.run.seed + 3, rows=rows)
-  batches = (_labelled_batch(task, next(stream), N) for _ in iter(int, 1))
+  if episodes is not None:
+    batches = (episodes.demonstrations(next(stream)) for _ in iter(int, 1))
+  else:
+    batches = (_labelled_batch(task, next(stream), N) for _ in iter(int, 1))
   with tqdm(total=w.steps, desc="warm start", disable=not bar_enabled) as bar:
     losses = warm_start(
       learner, batches, steps=w.steps, learning_rate=w.learning_rate, progress=bar
@@ -223,7 +235,8 @@ def _setup(cfg: TrainConfig, devices, task: Task | None) -> tuple[_Job, dict]:
   if sampler is not None:  # its devices on the data axis: params replicated, rows split
     sampler_mesh = make_mesh(devices=sampler)
     summary["sampler_mesh"] = dict(sampler_mesh.shape)
-  job = _Job(cfg, mesh, task, learner, examples["test"], peak, summary, sampler_mesh)
+  episodes = episodes_lib.EpisodeRunner(learner, task, cfg) if cfg.env.name else None
+  job = _Job(cfg, mesh, task, learner, examples["test"], peak, summary, sampler_mesh, episodes)
   return job, examples
 
 
@@ -241,7 +254,7 @@ def _start(job: _Job, examples: dict, ckpt, restored) -> tuple[int, dict | None]
   if ckpt is None:
     _set_aside_previous_run(Path(cfg.run.workdir), None)
   if cfg.warmstart.steps:
-    losses = _warm_start(learner, job.task, examples["labelled"], cfg, job.show)
+    losses = _warm_start(learner, job.task, examples["labelled"], cfg, job.show, job.episodes)
     job.summary["warmstart_loss"] = float(losses[-10:].mean())
   learner.init_state()
   job.summary["heldout_accuracy_before"] = job.evaluate()
@@ -367,6 +380,8 @@ def _finish(job: _Job, writer, ckpt, last_eval) -> dict:
 def _producer(job: _Job, stream, key, first: int):
   """The rollout producer of `rollout.mode`, starting from the params of step `first`."""
   args = (job.learner, job.task, stream, job.cfg, key, first)
+  if job.episodes is not None:
+    return episodes_lib.EpisodeProducer(*args, runner=job.episodes)
   if job.sampler_mesh is None:
     return producer_lib.RolloutProducer(*args)
   return producer_lib.AsyncProducer(*args, job.sampler_mesh)

@@ -65,7 +65,7 @@ def matmul_params(learner) -> int:
 
 def tokens_per_step(cfg: TrainConfig, prompt_length: int) -> int:
   """Prompt and completion tokens of the trained batch, at the width it was padded to."""
-  return cfg.batch_size * (prompt_length + cfg.rollout.max_new_tokens)
+  return cfg.batch_size * (prompt_length + cfg.completion_tokens)
 
 
 def iteration_flops(n: int, cfg: TrainConfig, prompt_length: int, rollouts) -> float:
@@ -80,7 +80,7 @@ def iteration_flops(n: int, cfg: TrainConfig, prompt_length: int, rollouts) -> f
   forwards (old log-probs unless `single_update`, reference, values) and the training passes
   (policy and critic); a prompt shared by its group counts once where it runs once.
   """
-  B, G, N = cfg.batch_size, cfg.rollout.group_size, cfg.rollout.max_new_tokens
+  B, G, N = cfg.batch_size, cfg.rollout.group_size, cfg.completion_tokens
   sampled = sum(B // G * p + B * steps for p, steps in rollouts)
   scored = (B // G if cfg.share_prompts else B) * prompt_length + B * N
   forwards = (not cfg.single_update) + cfg.uses_reference + cfg.uses_critic

@@ -12,10 +12,13 @@ from jaxrl_llm.train.step import Batch, sequence_forward
 
 
 def sft_loss(params, batch: Batch, *, policy_def, chunk=0):
-  """Mean negative log-likelihood of the answer tokens (the EOS included); `chunk`: see
-  `sequence_forward`."""
+  """Mean negative log-likelihood of the answer tokens (the EOS included; in a demonstrated
+  episode, the model's turns only); `chunk`: see `sequence_forward`."""
   logp_BxN = sequence_forward(policy_def, params, batch, 1.0, chunk=chunk)
-  return -core.masked_mean(logp_BxN, batch.mask_BxN)
+  mask_BxN = (
+    batch.mask_BxN if batch.model_mask_BxN is None else batch.mask_BxN & batch.model_mask_BxN
+  )
+  return -core.masked_mean(logp_BxN, mask_BxN)
 
 
 @functools.partial(

@@ -41,6 +41,11 @@ class Batch(NamedTuple):
   `behav_logp_BxN`: the sampler's log-prob of each completion token under the distribution
   it was drawn from (temperature, top-k, top-p, the params it sampled with): the behaviour
   policy of `config.algo.correction`. None (labelled batches): the trainer's own.
+  `model_mask_BxN`: multi-turn episodes (train/episodes.py): the model's tokens among the
+  completion's; the environment's replies are attended to but never trained on. None: all.
+  `token_rewards_BxN`: each turn's reward on its last token; then `scores_B` is the
+  episode's return (their sum), which group estimators use. None: `scores_B` on the last
+  token.
   """
 
   prompt_BxP: jax.Array
@@ -51,6 +56,8 @@ class Batch(NamedTuple):
   truncated_B: jax.Array | None = None
   loss_rows_B: jax.Array | None = None
   behav_logp_BxN: jax.Array | None = None
+  model_mask_BxN: jax.Array | None = None
+  token_rewards_BxN: jax.Array | None = None
 
 
 class Experience(NamedTuple):
@@ -143,13 +150,16 @@ def _in_micro_batches(fn, batch: Batch, rows: int, mesh=None):
 
 
 def loss_mask(batch: Batch, cfg: TrainConfig):
-  """The completion mask less the rows the loss leaves out."""
+  """The completion mask less the environment's tokens and the rows the loss leaves out."""
   rows_B = jnp.ones(batch.mask_BxN.shape[:1], bool)
   if batch.loss_rows_B is not None:
     rows_B = rows_B & batch.loss_rows_B
   if cfg.truncation == "mask" and batch.truncated_B is not None:
     rows_B = rows_B & ~batch.truncated_B
-  return batch.mask_BxN & rows_B[:, None]
+  mask_BxN = (
+    batch.mask_BxN if batch.model_mask_BxN is None else batch.mask_BxN & batch.model_mask_BxN
+  )
+  return mask_BxN & rows_B[:, None]
 
 
 def _rows_over_mesh(fn):
@@ -211,7 +221,10 @@ def make_experience(
       # A cut-off completion did not end: its return continues from V(s_N).
       bootstrap_B = jnp.where(batch.truncated_B, values_BxN1[:, -1], 0.0)
   kl_BxN = jnp.where(mask_BxN, core.kl_penalty(old_logp, ref_logp, a.kl_estimator), 0.0)
-  rewards_BxN = core.scores_to_token_rewards(batch.scores_B, mask_BxN)
+  if batch.token_rewards_BxN is None:
+    rewards_BxN = core.scores_to_token_rewards(batch.scores_B, mask_BxN)
+  else:  # each turn's reward on its last model token
+    rewards_BxN = jnp.where(mask_BxN, batch.token_rewards_BxN, 0.0)
   if a.kl_placement == "reward" and cfg.uses_reference:
     rewards_BxN = rewards_BxN - state.kl.coef * kl_BxN
   returns = zeros
@@ -268,7 +281,7 @@ def policy_objective(
     core.aggregate,
     mask_BxT=mask,
     mode=a.aggregation,
-    max_len=cfg.rollout.max_new_tokens,
+    max_len=cfg.completion_tokens,
     global_denominator=denominator,
   )
   behav = exp.batch.behav_logp_BxN  # None (labelled batches): the trainer's own, weight 1
@@ -310,7 +323,7 @@ def critic_objective(params, exp: Experience, denominator, *, critic_def, cfg: T
     loss_BxN,
     exp.loss_mask_BxN,
     cfg.algo.aggregation,
-    max_len=cfg.rollout.max_new_tokens,
+    max_len=cfg.completion_tokens,
     global_denominator=denominator,
   )
   return loss, metrics | {"value_loss": loss}

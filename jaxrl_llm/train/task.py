@@ -1,5 +1,6 @@
 """A configured task: where prompts come from, how they are tokenized, and how answers score."""
 
+import json
 import re
 from pathlib import Path
 
@@ -9,6 +10,7 @@ from jaxrl_llm.data import ArithmeticTask, bucket_length, left_pad
 from jaxrl_llm.data.countdown import CountdownTask
 from jaxrl_llm.data.gsm8k import GSM8KFile
 from jaxrl_llm.data.tfds_builders import TfdsSource, gsm8k_local_builder, synthetic_builder
+from jaxrl_llm.envs import environment
 from jaxrl_llm.models import CharTokenizer, load_tokenizer
 from jaxrl_llm.rewards import (
   answer_match,
@@ -106,6 +108,9 @@ class Task:
 
   def __init__(self, cfg: TrainConfig, spec=None, reward_fns=None):
     t = cfg.task
+    env = environment(cfg.env.name) if cfg.env.name else None
+    if env is not None and spec is None and env.source is not None:
+      spec, reward_fns = env.source(json.loads(cfg.env.kwargs or "{}")), {}
     if spec is None:
       spec, configured = configured_spec(cfg)
       reward_fns = configured if reward_fns is None else reward_fns
@@ -114,12 +119,19 @@ class Task:
     elif reward_fns is None:
       raise ValueError("Task(cfg, spec=...) needs reward_fns too: the spec's own rewards.")
     self.spec = spec
-    self.reward_fns = dict(reward_fns) | shaping_rewards(cfg)
-    # A checkpoint brings its own tokenizer; a random-init model gets the task's characters.
+    # An environment scores its own episodes; these score single completions.
+    self.reward_fns = {} if env is not None else dict(reward_fns) | shaping_rewards(cfg)
+    # A checkpoint brings its own tokenizer; a random-init model gets the task's characters
+    # (and an environment's: its replies' characters and its markup as single tokens).
+    alphabet = self.spec.alphabet + (env.alphabet if env is not None else "")
     self.tokenizer = (
       checkpoint_tokenizer(cfg.model.path)
       if cfg.model.path
-      else CharTokenizer(self.spec.alphabet, with_bos=False)
+      else CharTokenizer(
+        "".join(dict.fromkeys(alphabet)),
+        with_bos=False,
+        tokens=env.special_tokens if env is not None else (),
+      )
     )
     self.prompt_length, self.prompt_buckets, self.template = (
       t.prompt_length,

@@ -3,6 +3,7 @@ cannot work (a `ConfigError` naming the key and the fix), `advice` lists setting
 but usually spoil a run. One function per section of the config."""
 
 import inspect
+import json
 from typing import TYPE_CHECKING
 
 from jaxrl_llm import core
@@ -24,7 +25,7 @@ class ConfigError(ValueError):
 def validate(cfg: "TrainConfig", num_devices: int | None = None) -> None:
   """Raises ConfigError for settings that cannot work together; with `num_devices`, also
   for a mesh or batch that does not fit them."""
-  for check in (_algo, _correction, _rollout, _batching, _run, _task, _model, _lora):
+  for check in (_algo, _correction, _rollout, _env, _batching, _run, _task, _model, _lora):
     check(cfg)
   if num_devices is not None:
     _mesh(cfg, num_devices)
@@ -177,6 +178,34 @@ def _rollout(cfg: "TrainConfig") -> None:
     r.temperature > 0,
     "config.rollout.temperature must be > 0 for RL (sampling); "
     "greedy rollouts give no exploration.",
+  )
+
+
+def _env(cfg: "TrainConfig") -> None:
+  e, r = cfg.env, cfg.rollout
+  if not e.name:
+    return
+  from jaxrl_llm.envs import ENVIRONMENTS  # host Python only: no JAX before distributed start
+
+  _known(e.name, ENVIRONMENTS, "env.name")
+  _check(e.max_turns >= 1, f"config.env.max_turns={e.max_turns} must be >= 1.")
+  _check(
+    e.max_tokens >= r.max_new_tokens,
+    f"config.env.max_tokens={e.max_tokens} (an episode's tokens after the prompt) must hold "
+    f"at least one turn of config.rollout.max_new_tokens={r.max_new_tokens}.",
+  )
+  try:
+    kwargs = json.loads(e.kwargs) if e.kwargs else {}
+  except ValueError as err:
+    raise ConfigError(f"config.env.kwargs={e.kwargs!r} is not JSON ({err}).") from None
+  _check(
+    isinstance(kwargs, dict),
+    f"config.env.kwargs={e.kwargs!r} must be a JSON object of keyword arguments.",
+  )
+  _check(
+    r.mode == "sync" and not r.off_policy_steps and not r.dynamic_sampling,
+    "config.env.name: episodes are played on-policy, turn by turn with the current params; "
+    "keep config.rollout.mode='sync', off_policy_steps=0 and dynamic_sampling=False.",
   )
 
 

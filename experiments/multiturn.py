@@ -29,6 +29,7 @@ TASKS = {
   "calculator": ("experiments.tools_calculator", {"use_tools": False}, "tool_call_rate"),
   "guess": ("experiments.tools_guess", {"feedback": False}, "turns_per_episode"),
 }
+LABELS = {"calculator": ("with the tool", "no tool"), "guess": ("with feedback", "no feedback")}
 LOGGED = (
   "accuracy",
   "reward_mean",
@@ -71,10 +72,11 @@ def plot(task: str, results: dict, metric: str) -> Path:
   import matplotlib.pyplot as plt
 
   fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
-  for (name, runs), color in zip(results.items(), ("tab:blue", "tab:gray"), strict=False):
+  styles = zip(results.items(), ("tab:blue", "tab:gray"), LABELS[task], strict=False)
+  for (_, runs), color, label in styles:
     for i, r in enumerate(runs):
       steps, acc = zip(*r["eval_curve"], strict=True)
-      left.plot(steps, acc, color=color, alpha=0.9, label=name if i == 0 else None)
+      left.plot(steps, acc, color=color, alpha=0.9, label=label if i == 0 else None)
       values = np.array([np.nan if v is None else v for v in r["steps"][metric]], float)
       right.plot(np.arange(1, len(values) + 1), values, color=color, alpha=0.6)
   left.set(xlabel="RL step", ylabel="held-out greedy success", title=f"{task}: success")
@@ -93,8 +95,14 @@ def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--tasks", default=",".join(TASKS))
   parser.add_argument("--seeds", type=int, default=2)
+  parser.add_argument("--plot-only", action="store_true", help="redraw from the JSON files")
   args = parser.parse_args(argv)
   OUT.mkdir(parents=True, exist_ok=True)
+  if args.plot_only:
+    for task in args.tasks.split(","):
+      results = json.loads((OUT / f"{task}.json").read_text())["runs"]
+      print(plot(task, results, TASKS[task][2]))
+    return
   for task in args.tasks.split(","):
     module, baseline_kwargs, metric = TASKS[task]
     results = {}

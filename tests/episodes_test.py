@@ -133,6 +133,7 @@ def test_no_environment_token_gets_gradient(tmp_path, estimator, monkeypatch):
   )
   env_tokens = ep.mask_BxN & ~ep.model_mask_BxN
   assert env_tokens.any()
+  real = step_lib.sequence_forward
   for aggregation in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"):
     c = dataclasses.replace(cfg, algo=dataclasses.replace(cfg.algo, aggregation=aggregation))
     exp, _ = step_lib.make_experience(
@@ -146,7 +147,6 @@ def test_no_environment_token_gets_gradient(tmp_path, estimator, monkeypatch):
     assert (np.asarray(exp.advantages_BxN)[env_tokens] == 0).all()
     if estimator == "gae":
       assert (np.asarray(exp.returns_BxN)[env_tokens] == 0).all()
-    real = step_lib.sequence_forward
     eps = jnp.zeros(ep.tokens_BxN.shape)
 
     def loss_of(eps, exp=exp, c=c):

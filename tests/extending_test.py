@@ -21,7 +21,7 @@ def clean_registries():
 
 def test_extending_doc_runs(clean_registries):
   blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(), flags=re.S)
-  assert len(blocks) == 2
+  assert len(blocks) == 3
   assert len([line for line in blocks[0].splitlines() if line.strip()]) < 20
   namespace = {}
   exec(compile(blocks[0], str(DOC), "exec"), namespace)  # our own docs, not model output
@@ -38,3 +38,24 @@ def test_extending_doc_runs(clean_registries):
 def test_register_refuses_to_overwrite():
   with pytest.raises(ValueError, match="already registered"):
     core.register(core.POLICY_LOSSES, "ppo_clip")(lambda *a, **k: None)
+
+
+def test_environment_doc_runs():
+  """The user-written environment with a tool: under 40 lines, and a run of it trains."""
+  from jaxrl_llm.envs import ENVIRONMENTS
+
+  block = re.findall(r"```python\n(.*?)```", DOC.read_text(), flags=re.S)[2]
+  assert len([line for line in block.splitlines() if line.strip()]) < 40
+  namespace = {}
+  try:
+    exec(compile(block, str(DOC), "exec"), namespace)  # our own docs, not model output
+  finally:
+    ENVIRONMENTS.pop("square", None)
+  summary = namespace["summary"]
+  assert 0 <= summary["heldout_accuracy_after"] <= 1
+  env = namespace["SquareEnv"]()
+  env.reset({"prompt": "12^2=", "answer": "144"})
+  call = '<tool_call>{"name": "square", "arguments": {"n": 12}}</tool_call>'
+  observation, _, done = env.step(call)
+  assert observation == {"role": "tool", "content": "144"} and not done
+  assert env.step("144") == (None, 1.0, True)

@@ -310,18 +310,19 @@ def test_the_planner_counts_a_4_bit_base_at_half_a_byte():
 
 def test_lora_grpo_learns_the_default_task(tmp_path):
   """The default run (warm start, then GRPO) with rank-16 adapters in place of full
-  fine-tuning; measured: held-out greedy accuracy 0.078 -> 0.742 on 256 problems."""
+  fine-tuning; measured: held-out greedy accuracy 0.078 -> 0.309 on 256 problems in 1500
+  steps (experiments/results/lora_default_run.jsonl has the 3000-step run's 0.750)."""
   c = experiments.default.get_config()
   c.lora.update(rank=16, alpha=32.0)
-  c.optim.update(learning_rate=7e-4, warmup_steps=100)
+  c.optim.update(learning_rate=1e-3, warmup_steps=100)
   c.run.update(
-    steps=3000, eval_examples=256, progress=False, tensorboard=False, workdir=str(tmp_path)
+    steps=1500, eval_examples=256, progress=False, tensorboard=False, workdir=str(tmp_path)
   )
   c.run.peak_flops_per_device = 1e13  # MFU's reference, so no timing of this host matters
   c.checkpoint.update(every=0)
   summary = train(from_config_dict(c), devices=jax.devices()[:1])
   gain = summary["heldout_accuracy_after"] - summary["heldout_accuracy_before"]
-  assert gain >= 0.20, summary
+  assert gain >= 0.15, summary
 
 
 def test_a_quantization_tile_that_does_not_divide_names_the_key(tmp_path):

@@ -397,6 +397,14 @@ def test_batch_not_divisible_by_devices(tmp_path):
     train(cfg)
 
 
+def test_prompts_not_divisible_by_devices(tmp_path):
+  cfg = small_config(tmp_path, **{"rollout.prompts_per_step": 4, "rollout.group_size": 4})
+  with pytest.raises(
+    ConfigError, match=r"prompts_per_step=4 does not split over mesh data x fsdp = 8"
+  ):
+    train(cfg)
+
+
 def run_cli(*flags, env=None, check=False):
   """`python -m jaxrl_llm.train --config experiments/default.py <flags>` in a subprocess."""
   command = [sys.executable, "-m", "jaxrl_llm.train", "--config", "experiments/default.py"]

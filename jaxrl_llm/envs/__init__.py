@@ -9,11 +9,14 @@ from jaxrl_llm.envs.base import (
   environment,
   register_environment,
 )
+from jaxrl_llm.envs.builtin import PRINTABLE, TOOL_TAGS
 from jaxrl_llm.envs.calculator import CalculatorError, calculate
 from jaxrl_llm.envs.tools import Tool, ToolCall, ToolResult, call_tool, parse_tool_calls
 
 __all__ = [
   "ENVIRONMENTS",
+  "PRINTABLE",
+  "TOOL_TAGS",
   "CalculatorError",
   "EnvSpec",
   "Environment",

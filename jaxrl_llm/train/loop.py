@@ -18,7 +18,7 @@ from tqdm import tqdm
 
 from jaxrl_llm.data import pad_left_to, prompt_iterator
 from jaxrl_llm.models.config import to_hf_config
-from jaxrl_llm.models.sharding import make_mesh
+from jaxrl_llm.models.sharding import batch_size_divisor, make_mesh
 from jaxrl_llm.train import checkpoint as checkpoint_lib
 from jaxrl_llm.train import episodes as episodes_lib
 from jaxrl_llm.train import hosts, perf
@@ -210,6 +210,13 @@ def _setup(cfg: TrainConfig, devices, task: Task | None) -> tuple[_Job, dict]:
     devices, sampler = producer_lib.carve_devices(devices or jax.devices(), cfg)
   mesh = make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor, devices)
   validate(cfg, num_devices=mesh.size)
+  shards = batch_size_divisor(mesh)  # the trainer draws and places prompts by device
+  if cfg.rollout.prompts_per_step % shards:
+    raise ConfigError(
+      f"config.rollout.prompts_per_step={cfg.rollout.prompts_per_step} does not split over "
+      f"mesh data x fsdp = {shards} devices (each takes its share of a step's prompts); "
+      "make it a multiple, or change the mesh."
+    )
   for note in advice(cfg):
     log.warning("%s", note)
   peak = perf.peak_flops(cfg, mesh)  # first: nothing else is running yet

@@ -374,9 +374,3 @@ def _mesh(cfg: "TrainConfig", num_devices: int) -> None:
       "devices; change config.rollout.prompts_per_step, config.algo.num_minibatches or "
       "config.algo.micro_batches, or the mesh.",
     )
-  _check(
-    cfg.rollout.prompts_per_step % shards == 0,
-    f"config.rollout.prompts_per_step={cfg.rollout.prompts_per_step} does not split over mesh "
-    f"data x fsdp = {shards} devices (each takes its share of a step's prompts); make it a "
-    "multiple, or change the mesh.",
-  )

@@ -85,7 +85,8 @@ class ToolEnv:
     return example["prompt"]
 
   def score(self, answer: str, example: dict) -> float:
-    raise NotImplementedError
+    """The final answer's reward; each task's subclass defines it (`CalculatorEnv`)."""
+    raise NotImplementedError(f"{type(self).__name__} must define score(answer, example).")
 
   def step(self, model_turn: str):
     calls = parse_tool_calls(model_turn, self.call_style)

@@ -9,6 +9,7 @@ a message naming the key and the fix.
 import dataclasses
 import difflib
 import inspect
+import json
 import typing
 from typing import Any
 
@@ -351,6 +352,10 @@ class TrainConfig:
       "dual_clip": self.algo.dual_clip,
     }
     return {k: v for k, v in given.items() if v is not None and k in accepted}
+
+  def env_kwargs(self) -> dict:
+    """`env.kwargs` parsed: the environment's keyword arguments (validate checks the JSON)."""
+    return json.loads(self.env.kwargs) if self.env.kwargs else {}
 
   def correction_kwargs(self) -> dict:
     """The correction's knobs that are set (validate refuses ones it does not take)."""

@@ -21,7 +21,6 @@ An episode ends when the environment says so, after `env.max_turns` model turns,
 the next reply would not leave room for a model token in `env.max_tokens` (truncated).
 """
 
-import json
 import math
 from typing import NamedTuple
 
@@ -39,10 +38,6 @@ _PLAIN_TOOL = ("<tool_response>", "</tool_response>")  # tool results without a 
 
 class EnvironmentFailure(RuntimeError):
   """An environment raised, or returned a reward that is not a finite number."""
-
-
-def env_kwargs(cfg) -> dict:
-  return json.loads(cfg.env.kwargs) if cfg.env.kwargs else {}
 
 
 class Renderer:
@@ -168,7 +163,7 @@ class EpisodeRunner:
     self.learner, self.task, self.cfg = learner, task, cfg
     self.name = cfg.env.name
     self.spec = spec or environment(self.name)
-    self.kwargs = env_kwargs(cfg)
+    self.kwargs = cfg.env_kwargs()
     self.renderer = Renderer(task)
     tok = task.tokenizer
     stops = []

@@ -8,17 +8,14 @@ import numpy as np
 import optax
 
 from jaxrl_llm import core
-from jaxrl_llm.train.step import Batch, sequence_forward
+from jaxrl_llm.train.step import Batch, sequence_forward, trained_tokens
 
 
 def sft_loss(params, batch: Batch, *, policy_def, chunk=0):
   """Mean negative log-likelihood of the answer tokens (the EOS included; in a demonstrated
   episode, the model's turns only); `chunk`: see `sequence_forward`."""
   logp_BxN = sequence_forward(policy_def, params, batch, 1.0, chunk=chunk)
-  mask_BxN = (
-    batch.mask_BxN if batch.model_mask_BxN is None else batch.mask_BxN & batch.model_mask_BxN
-  )
-  return -core.masked_mean(logp_BxN, mask_BxN)
+  return -core.masked_mean(logp_BxN, trained_tokens(batch))
 
 
 @functools.partial(

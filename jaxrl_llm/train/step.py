@@ -149,6 +149,13 @@ def _in_micro_batches(fn, batch: Batch, rows: int, mesh=None):
   return out.reshape(-1, *out.shape[2:])
 
 
+def trained_tokens(batch: Batch):
+  """The completion tokens the policy produced: all of them, or an episode's model turns."""
+  if batch.model_mask_BxN is None:
+    return batch.mask_BxN
+  return batch.mask_BxN & batch.model_mask_BxN
+
+
 def loss_mask(batch: Batch, cfg: TrainConfig):
   """The completion mask less the environment's tokens and the rows the loss leaves out."""
   rows_B = jnp.ones(batch.mask_BxN.shape[:1], bool)
@@ -156,10 +163,7 @@ def loss_mask(batch: Batch, cfg: TrainConfig):
     rows_B = rows_B & batch.loss_rows_B
   if cfg.truncation == "mask" and batch.truncated_B is not None:
     rows_B = rows_B & ~batch.truncated_B
-  mask_BxN = (
-    batch.mask_BxN if batch.model_mask_BxN is None else batch.mask_BxN & batch.model_mask_BxN
-  )
-  return mask_BxN & rows_B[:, None]
+  return trained_tokens(batch) & rows_B[:, None]
 
 
 def _rows_over_mesh(fn):

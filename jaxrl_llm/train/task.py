@@ -1,6 +1,5 @@
 """A configured task: where prompts come from, how they are tokenized, and how answers score."""
 
-import json
 import re
 from pathlib import Path
 
@@ -110,7 +109,7 @@ class Task:
     t = cfg.task
     env = environment(cfg.env.name) if cfg.env.name else None
     if env is not None and spec is None and env.source is not None:
-      spec, reward_fns = env.source(json.loads(cfg.env.kwargs or "{}")), {}
+      spec, reward_fns = env.source(cfg.env_kwargs()), {}
     if spec is None:
       spec, configured = configured_spec(cfg)
       reward_fns = configured if reward_fns is None else reward_fns

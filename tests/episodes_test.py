@@ -12,6 +12,7 @@ import pytest
 from checkpoint_test import assert_bitwise_equal, metric_rows, params, run_killed
 from train_test import small_config
 
+from jaxrl_llm import core
 from jaxrl_llm.envs import ENVIRONMENTS, EnvSpec, register_environment
 from jaxrl_llm.models import load_tokenizer
 from jaxrl_llm.rollout import sampler as sampler_lib
@@ -116,7 +117,8 @@ ESTIMATORS = ["grpo", "rloo", "dr_grpo", "gae", "reinforce_plus_plus"]
 
 @pytest.mark.parametrize("estimator", ESTIMATORS)
 def test_no_environment_token_gets_gradient(tmp_path, estimator, monkeypatch):
-  """d loss / d log-prob is 0 on every environment token, in every aggregation mode, with
+  """d loss / d log-prob is 0 on every environment token, in every aggregation mode (and with
+  GRPO's advantages, for every registered policy loss), with
   the KL and entropy terms on; GAE's advantages and returns skip the holes."""
   cfg, job, _, ep = _episodes(
     tmp_path,
@@ -134,8 +136,11 @@ def test_no_environment_token_gets_gradient(tmp_path, estimator, monkeypatch):
   env_tokens = ep.mask_BxN & ~ep.model_mask_BxN
   assert env_tokens.any()
   real = step_lib.sequence_forward
-  for aggregation in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"):
-    c = dataclasses.replace(cfg, algo=dataclasses.replace(cfg.algo, aggregation=aggregation))
+  losses = sorted(core.POLICY_LOSSES) if estimator == "grpo" else ["ppo_clip"]
+  settings = [(agg, loss) for agg in sorted(core.AGGREGATION_MODES) for loss in losses]
+  for aggregation, policy_loss in settings:
+    algo = dataclasses.replace(cfg.algo, aggregation=aggregation, policy_loss=policy_loss)
+    c = dataclasses.replace(cfg, algo=algo)
     exp, _ = step_lib.make_experience(
       learner.state,
       batch,
@@ -168,7 +173,7 @@ def test_no_environment_token_gets_gradient(tmp_path, estimator, monkeypatch):
 
     grad = np.asarray(jax.grad(loss_of)(eps))
     monkeypatch.setattr(step_lib, "sequence_forward", real)
-    assert (grad[env_tokens] == 0).all(), aggregation
+    assert (grad[env_tokens] == 0).all(), (aggregation, policy_loss)
     assert np.abs(grad[ep.model_mask_BxN]).max() > 0
 
 

@@ -42,6 +42,7 @@ class TaskSpec:
   target: float  # held-out accuracy whose first crossing the report times
   warm_steps: int = 300
   warm_examples: int = 1024
+  steps: int | None = None  # None: the suite's
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +53,14 @@ class Suite:
   steps: int
   env: tuple = ()  # (name, value) pairs every run of the suite gets, e.g. its device count
   base: str = "experiments/ablation/base.py"  # the warm start's config; the methods' base
+  config_arg: str = ""  # passed to every config file's get_config (`<file>.py:<arg>`)
+  sample_matched: bool = False  # every run stops at the same count of sampled completions
+
+  def config(self, path: str) -> str:
+    return f"{path}:{self.config_arg}" if self.config_arg else path
+
+  def steps_of(self, task: str) -> int:
+    return self.tasks[task].steps or self.steps
 
 
 SUITES = {
@@ -102,8 +111,50 @@ SUITES["off_policy"] = Suite(
   base="experiments/ablation/default_base.py",
 )
 
+V2_METHODS = (
+  "ppo", "grpo", "dr_grpo", "dapo", "dapo_no_ds", "rloo", "reinforce_pp", "gspo", "cispo",
+  "sapo", "gmpo",
+)  # fmt: skip
+SUITES["v2"] = Suite(
+  description="Ablation v2: PPO, GRPO, Dr. GRPO, DAPO (and DAPO without dynamic sampling), "
+  "RLOO, REINFORCE++, GSPO, CISPO, SAPO and GMPO from one warm-started policy per task, "
+  "sample-matched: every run stops once it has sampled as many completions as 32 prompts x "
+  "8 samples x the task's steps, so DAPO's dynamic-sampling rounds come out of its budget "
+  "and it takes fewer steps. Method settings: `experiments/ablation/<method>.py`, base "
+  "`experiments/ablation/v2_base.py`.",
+  methods=V2_METHODS,
+  tasks={
+    "chain": TaskSpec(
+      "chained addition with shown work, `47+15+23=` -> `47+15=62,62+23=85` (2-3 terms; "
+      "correct answers 8-17 characters, wrong ones up to the 24-token budget)",
+      {},
+      target=0.2,
+      warm_steps=1000,
+      warm_examples=2048,
+    ),
+    "add2": TaskSpec(
+      "2-digit addition, `47+15=` -> `62` (answers of 2-3 characters): the fast sanity task",
+      {
+        "task.name": "arithmetic",
+        "task.kwargs": "",
+        "task.prompt_length": 8,
+        "rollout.max_new_tokens": 8,
+        "run.sample_budget": 150 * 32 * 8,
+        "run.eval_every": 30,
+      },  # fmt: skip
+      target=0.2,
+      steps=150,
+    ),
+  },
+  steps=300,
+  base="experiments/ablation/base.py",
+  config_arg="v2",
+  sample_matched=True,
+)
+
 SMOKE = {  # 2 steps per method: checks the whole pipeline, measures nothing
   "run.steps": 2,
+  "run.sample_budget": 0,
   "run.eval_every": 1,
   "run.eval_examples": 32,
   "run.eval_batch_size": 32,
@@ -157,7 +208,7 @@ def warm_start(out: Path, suite: Suite, name: str, smoke: bool) -> Path:
     "run.progress": False,
     "run.workdir": workdir,
   }
-  base = [sys.executable, "-m", "jaxrl_llm.train", "--config", suite.base]
+  base = [sys.executable, "-m", "jaxrl_llm.train", "--config", suite.config(suite.base)]
   _run(base + _flags(settings), workdir / "log.txt", out)
   export = [sys.executable, "-m", "jaxrl_llm.export", "--checkpoint", str(workdir)]
   _run(export + ["--out", str(hf)], workdir / "log.txt", out)
@@ -172,14 +223,15 @@ def run_one(
   settings = suite.tasks[task].overrides | {
     "model.path": hf,
     "run.seed": seed,
-    "run.steps": suite.steps,
+    "run.steps": suite.steps_of(task),
     "run.progress": False,
     "run.workdir": workdir,
   }
   settings |= SMOKE if smoke else {}
   if _is_done(workdir, settings["run.steps"]):
     return False
-  base = [sys.executable, "-m", "jaxrl_llm.train", "--config", f"experiments/ablation/{method}.py"]
+  config = suite.config(f"experiments/ablation/{method}.py")
+  base = [sys.executable, "-m", "jaxrl_llm.train", "--config", config]
   _run(base + _flags(settings), workdir / "log.txt", out, suite.env)
   return True
 
@@ -286,7 +338,7 @@ def plot(results: dict, suite: Suite, out: Path) -> list[str]:
   import matplotlib.pyplot as plt
 
   files = []
-  colors = dict(zip(suite.methods, plt.cm.tab10.colors, strict=False))
+  colors = dict(zip(suite.methods, plt.cm.tab20.colors, strict=False))
   for task in suite.tasks:
     for kind, key, xlabel, ylabel in (
       ("accuracy", "eval_curve", "RL step", "held-out greedy accuracy"),

@@ -4,11 +4,11 @@ the soft overlong penalty, no KL."""
 from experiments.ablation import base
 
 
-def get_config():
-  c = base.get_config()
+def get_config(suite=None):
+  c = base.get_config(suite)
   c.algo.update(
     estimator="grpo", clip_low=0.2, clip_high=0.28, aggregation="token-mean", kl_coef=0.0
   )
   c.rollout.update(dynamic_sampling=True, max_extra_rounds=2)
-  c.rewards.update(overlong_weight=1.0, overlong_cache_tokens=2)
+  c.rewards.update(overlong_weight=1.0, overlong_cache_tokens=0)  # 0: a quarter of the budget
   return c

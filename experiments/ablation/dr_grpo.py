@@ -4,7 +4,7 @@ sums divided by a constant (no 1/|o|), no KL."""
 from experiments.ablation import base
 
 
-def get_config():
-  c = base.get_config()
+def get_config(suite=None):
+  c = base.get_config(suite)
   c.algo.update(estimator="dr_grpo", aggregation="seq-mean-token-sum-norm", kl_coef=0.0)
   return c

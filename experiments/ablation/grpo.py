@@ -4,8 +4,8 @@ the loss at beta=0.04, each sequence's token mean, then the mean over sequences.
 from experiments.ablation import base
 
 
-def get_config():
-  c = base.get_config()
+def get_config(suite=None):
+  c = base.get_config(suite)
   c.algo.update(
     estimator="grpo", kl_placement="loss", kl_estimator="k3", kl_coef=0.04,
     aggregation="seq-mean-token-mean",

@@ -4,7 +4,7 @@ per sequence, with GRPO's group advantages."""
 from experiments.ablation import base
 
 
-def get_config():
-  c = base.get_config()
+def get_config(suite=None):
+  c = base.get_config(suite)
   c.algo.update(estimator="grpo", policy_loss="gspo", aggregation="seq-mean-token-mean")
   return c

@@ -4,8 +4,8 @@ reward (k1, per token)."""
 from experiments.ablation import base
 
 
-def get_config():
-  c = base.get_config()
+def get_config(suite=None):
+  c = base.get_config(suite)
   c.algo.update(
     estimator="gae", gamma=1.0, lam=0.95, critic_lr=1e-3, cliprange_value=0.2,
     kl_placement="reward", kl_estimator="k1", kl_coef=0.01,

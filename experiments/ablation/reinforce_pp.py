@@ -4,8 +4,8 @@ advantages whitened over the whole batch, no critic."""
 from experiments.ablation import base
 
 
-def get_config():
-  c = base.get_config()
+def get_config(suite=None):
+  c = base.get_config(suite)
   c.algo.update(
     estimator="reinforce_plus_plus", kl_placement="reward", kl_estimator="k1", kl_coef=0.01
   )

@@ -4,7 +4,7 @@ samples of its prompt."""
 from experiments.ablation import base
 
 
-def get_config():
-  c = base.get_config()
+def get_config(suite=None):
+  c = base.get_config(suite)
   c.algo.update(estimator="rloo")
   return c

@@ -8,12 +8,18 @@ with batch-wide normalisers take `axis_name=` to make them global.
 
 from jaxrl_llm.core.advantages import (
   GROUP_ESTIMATORS,
+  TOKEN_ESTIMATORS,
+  TokenEstimator,
   dr_grpo_advantages,
   gae,
+  gae_advantages,
   group_advantages,
   grpo_advantages,
   opo_advantages,
+  pass_at_k_advantages,
+  register_token_estimator,
   reinforce_plus_plus,
+  reinforce_plus_plus_advantages,
   reinforce_plus_plus_baseline_advantages,
   rloo_advantages,
   scores_to_token_rewards,
@@ -35,6 +41,7 @@ from jaxrl_llm.core.correction import (
   token_mis,
   token_tis,
 )
+from jaxrl_llm.core.covariance import clip_cov, kl_cov, token_covariance
 from jaxrl_llm.core.entropy import (
   EntropyController,
   EntropyControllerState,
@@ -50,7 +57,15 @@ from jaxrl_llm.core.kl import (
   kl_penalty,
 )
 from jaxrl_llm.core.logprobs import entropy, hidden_token_logprobs, token_logprobs
-from jaxrl_llm.core.policy_loss import POLICY_LOSSES, cispo, gspo, ppo_clip, reinforce
+from jaxrl_llm.core.policy_loss import (
+  POLICY_LOSSES,
+  cispo,
+  gmpo,
+  gspo,
+  ppo_clip,
+  reinforce,
+  sapo,
+)
 from jaxrl_llm.core.registry import lookup, register
 from jaxrl_llm.core.stats import (
   masked_max,
@@ -77,6 +92,11 @@ __all__ = [
   "entropy_controller",
   "AGGREGATION_MODES",
   "GROUP_ESTIMATORS",
+  "TOKEN_ESTIMATORS",
+  "TokenEstimator",
+  "gae_advantages",
+  "register_token_estimator",
+  "reinforce_plus_plus_advantages",
   "KL_ESTIMATORS",
   "POLICY_LOSSES",
   "AggregationMode",
@@ -87,6 +107,7 @@ __all__ = [
   "aggregate_denominator",
   "hidden_token_logprobs",
   "cispo",
+  "clip_cov",
   "clipped_value_loss",
   "dr_grpo_advantages",
   "entropy",
@@ -94,8 +115,10 @@ __all__ = [
   "gae",
   "group_advantages",
   "grpo_advantages",
+  "gmpo",
   "gspo",
   "kl_controller",
+  "kl_cov",
   "kl_penalty",
   "lookup",
   "masked_max",
@@ -105,12 +128,15 @@ __all__ = [
   "masked_var",
   "masked_whiten",
   "opo_advantages",
+  "pass_at_k_advantages",
   "ppo_clip",
   "register",
   "reinforce",
   "reinforce_plus_plus",
   "reinforce_plus_plus_baseline_advantages",
   "rloo_advantages",
+  "sapo",
   "scores_to_token_rewards",
+  "token_covariance",
   "token_logprobs",
 ]

@@ -7,27 +7,62 @@ episode). Group estimators take one scalar score per sequence, with rows
 """
 
 import functools
+from collections.abc import Callable
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
-from jaxrl_llm.core.registry import lookup
+from jaxrl_llm.core.registry import lookup, register
 from jaxrl_llm.core.stats import masked_whiten
 
 __all__ = [
   "GROUP_ESTIMATORS",
+  "TOKEN_ESTIMATORS",
+  "TokenEstimator",
   "dr_grpo_advantages",
   "gae",
   "group_advantages",
   "grpo_advantages",
   "masked_whiten",
   "opo_advantages",
+  "pass_at_k_advantages",
   "reinforce_plus_plus",
   "reinforce_plus_plus_baseline_advantages",
   "rloo_advantages",
+  "register_token_estimator",
   "scores_to_token_rewards",
 ]
+
+# name -> fn(scores_NxG, *, eps, lengths_NxG, axis_name, **kwargs) -> advantages_NxG
+GROUP_ESTIMATORS: dict = {}
+
+
+class TokenEstimator(NamedTuple):
+  """A per-token advantage estimator as registered: the function, and whether it reads the
+  critic's values (the trainer then trains a value head beside the policy).
+
+  `fn(rewards_BxT, values_BxT, mask_BxT, *, bootstrap_value_B, axis_name, **kwargs)
+  -> (advantages_BxT, returns_BxT)`; `returns_BxT` is the critic's regression target
+  (zeros when `critic` is False).
+  """
+
+  fn: Callable
+  critic: bool
+
+
+TOKEN_ESTIMATORS: dict = {}  # name -> TokenEstimator
+
+
+def register_token_estimator(name: str, *, critic: bool = False):
+  """Decorator: adds a per-token estimator to `TOKEN_ESTIMATORS` under `name`.
+  `critic=True`: it reads `values_BxT`, so configs that choose it train a critic."""
+
+  def decorator(fn):
+    register(TOKEN_ESTIMATORS, name)(TokenEstimator(fn, critic))
+    return fn
+
+  return decorator
 
 
 class GaeCarry(NamedTuple):
@@ -116,6 +151,38 @@ def reinforce_plus_plus(rewards_BxT, mask_BxT, *, gamma=1.0, eps=1e-8, axis_name
   return masked_whiten(returns_BxT, mask_BxT > 0, eps=eps, axis_name=axis_name)
 
 
+@register_token_estimator("gae", critic=True)
+def gae_advantages(
+  rewards_BxT,
+  values_BxT,
+  mask_BxT,
+  *,
+  gamma=1.0,
+  lam=0.95,
+  whiten=True,
+  bootstrap_value_B=None,
+  axis_name=None,
+):
+  """PPO's advantages: `gae`, then whitened over the batch's response tokens (global over
+  `axis_name`); returns `(advantages_BxT, returns_BxT)`, the returns un-whitened."""
+  adv_BxT, returns_BxT = gae(
+    rewards_BxT, values_BxT, mask_BxT, gamma=gamma, lam=lam, bootstrap_value_B=bootstrap_value_B
+  )
+  if whiten:
+    adv_BxT = masked_whiten(adv_BxT, mask_BxT > 0, axis_name=axis_name)
+  return adv_BxT, returns_BxT
+
+
+@register_token_estimator("reinforce_plus_plus")
+def reinforce_plus_plus_advantages(
+  rewards_BxT, values_BxT, mask_BxT, *, gamma=1.0, eps=1e-8, bootstrap_value_B=None, axis_name=None
+):
+  """`reinforce_plus_plus` in the token-estimator signature (no critic: values unused)."""
+  del bootstrap_value_B
+  adv_BxT = reinforce_plus_plus(rewards_BxT, mask_BxT, gamma=gamma, eps=eps, axis_name=axis_name)
+  return adv_BxT, jnp.zeros_like(values_BxT, jnp.float32)
+
+
 # Group estimators. Each maps scores `[N, G]` (N prompts x G samples) to
 # advantages `[N, G]`; `group_advantages` handles the flat `[B]` layout.
 
@@ -129,6 +196,7 @@ def _need_group(scores_NxG, name):
     )
 
 
+@register(GROUP_ESTIMATORS, "grpo")
 def grpo_advantages(scores_NxG, *, eps=1e-6, lengths_NxG=None, axis_name=None):
   """GRPO (Shao et al., 2024, DeepSeekMath, arXiv:2402.03300).
 
@@ -141,6 +209,7 @@ def grpo_advantages(scores_NxG, *, eps=1e-6, lengths_NxG=None, axis_name=None):
   return (scores_NxG - mean_Nx1) / (std_Nx1 + eps)
 
 
+@register(GROUP_ESTIMATORS, "dr_grpo")
 def dr_grpo_advantages(scores_NxG, *, eps=1e-6, lengths_NxG=None, axis_name=None):
   """Dr. GRPO (Liu et al., 2025, "Understanding R1-Zero-Like Training", arXiv:2503.20783).
 
@@ -152,6 +221,7 @@ def dr_grpo_advantages(scores_NxG, *, eps=1e-6, lengths_NxG=None, axis_name=None
   return scores_NxG - scores_NxG.mean(-1, keepdims=True)
 
 
+@register(GROUP_ESTIMATORS, "rloo")
 def rloo_advantages(scores_NxG, *, eps=1e-6, lengths_NxG=None, axis_name=None):
   """RLOO (Ahmadian et al., 2024, arXiv:2402.14740; Kool et al., 2019).
 
@@ -164,6 +234,7 @@ def rloo_advantages(scores_NxG, *, eps=1e-6, lengths_NxG=None, axis_name=None):
   return scores_NxG - loo_mean_NxG
 
 
+@register(GROUP_ESTIMATORS, "reinforce_plus_plus_baseline")
 def reinforce_plus_plus_baseline_advantages(
   scores_NxG, *, eps=1e-6, lengths_NxG=None, axis_name=None
 ):
@@ -180,6 +251,7 @@ def reinforce_plus_plus_baseline_advantages(
   return masked_whiten(centred_NxG, ones_NxG, eps=eps, axis_name=axis_name)
 
 
+@register(GROUP_ESTIMATORS, "opo")
 def opo_advantages(scores_NxG, *, eps=1e-6, lengths_NxG=None, axis_name=None):
   """OPO's length-weighted baseline (Hao et al., 2025, "On-Policy RL with Optimal
   reward baseline", arXiv:2505.23585).
@@ -198,16 +270,56 @@ def opo_advantages(scores_NxG, *, eps=1e-6, lengths_NxG=None, axis_name=None):
   return scores_NxG - baseline_Nx1
 
 
-GROUP_ESTIMATORS = {
-  "grpo": grpo_advantages,
-  "dr_grpo": dr_grpo_advantages,
-  "rloo": rloo_advantages,
-  "reinforce_plus_plus_baseline": reinforce_plus_plus_baseline_advantages,
-  "opo": opo_advantages,
-}
+def _no_success_probability(failures_Nx1, n, k):
+  """C(failures, k) / C(n, k): the chance that k of n samples drawn without replacement
+  are all failures, as the product over j < k of (failures - j) / (n - j)."""
+  j = jnp.arange(k, dtype=jnp.float32)
+  return jnp.prod(jnp.maximum(failures_Nx1 - j, 0.0) / (n - j), axis=-1, keepdims=True)
 
 
-def group_advantages(scores_B, *, group_size, estimator, eps=1e-6, lengths=None, axis_name=None):
+@register(GROUP_ESTIMATORS, "pass_at_k")
+def pass_at_k_advantages(
+  scores_NxG, *, eps=1e-6, lengths_NxG=None, axis_name=None, k=4, threshold=0.5
+):
+  """Pass@k advantages, analytic form (Chen et al., 2025, "Pass@k Training for Adaptively
+  Balancing Exploration and Exploitation of Large Reasoning Models", arXiv:2508.10751).
+
+  The reward of a k-subset of the group is its best sample's; over all C(G, k)
+  subsets, with c of the G samples correct and q = C(G - c, k) / C(G, k):
+
+    R     = 1 - q,   sigma = sqrt(R (1 - R))                (mean and std of subset rewards)
+    A_pos = (1 - R) / (sigma + eps)
+    A_neg = (1 - R - C(G-c-1, k-1) / C(G-1, k-1)) / (sigma + eps)
+
+  each sample's advantage being the mean over the subsets that contain it. k = 1
+  is GRPO with the population std. A sample is correct when its score exceeds
+  `threshold` (binary rewards in {0, 1}). Groups with sigma = 0 (no correct sample,
+  or too few wrong ones to fill a k-subset) get 0. The binomial ratios are products
+  of k terms in float32, so they need no factorials. `k` must be a Python int in [1, G].
+  """
+  del lengths_NxG, axis_name
+  G = scores_NxG.shape[-1]
+  if int(k) != k or not 1 <= k <= G:
+    raise ValueError(
+      f"pass_at_k needs an integer k with 1 <= k <= group_size={G}; got k={k}. "
+      "Lower algo.estimator_kwargs' k or sample more completions per prompt."
+    )
+  k = int(k)
+  correct_NxG = scores_NxG > threshold
+  c_Nx1 = jnp.sum(correct_NxG, axis=-1, keepdims=True, dtype=jnp.float32)
+  q_Nx1 = _no_success_probability(G - c_Nx1, G, k)
+  # A_neg's numerator 1 - R - q_neg = q - q_neg = -q_neg c / G, as q = q_neg (G - c) / G.
+  q_neg_Nx1 = _no_success_probability(G - c_Nx1 - 1.0, G - 1, k - 1)
+  sigma_Nx1 = jnp.sqrt(q_Nx1 * (1.0 - q_Nx1))
+  adv_pos_Nx1 = q_Nx1 / (sigma_Nx1 + eps)
+  adv_neg_Nx1 = -q_neg_Nx1 * (c_Nx1 / G) / (sigma_Nx1 + eps)
+  adv_NxG = jnp.where(correct_NxG, adv_pos_Nx1, adv_neg_Nx1)
+  return jnp.where(sigma_Nx1 > 0, adv_NxG, 0.0)
+
+
+def group_advantages(
+  scores_B, *, group_size, estimator, eps=1e-6, lengths=None, axis_name=None, **kwargs
+):
   """One advantage per sequence from a group baseline chosen by name.
 
   Args:
@@ -219,6 +331,7 @@ def group_advantages(scores_B, *, group_size, estimator, eps=1e-6, lengths=None,
     eps: stabiliser of the estimator's division, if any.
     lengths: `[B]` response lengths, for 'opo'.
     axis_name: for estimators with batch-wide statistics.
+    **kwargs: the estimator's own settings (e.g. pass@k's `k`).
 
   Returns:
     float32 `[B]` advantages; broadcast over tokens with `adv_B[:, None]`.
@@ -236,5 +349,6 @@ def group_advantages(scores_B, *, group_size, estimator, eps=1e-6, lengths=None,
     eps=eps,
     lengths_NxG=lengths_NxG,
     axis_name=axis_name,
+    **kwargs,
   )
   return adv_NxG.reshape(-1)

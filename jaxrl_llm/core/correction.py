@@ -35,10 +35,12 @@ import jax.numpy as jnp
 
 from jaxrl_llm.core.kl import LOG_RATIO_CLAMP, kl_k3
 from jaxrl_llm.core.policy_loss import POLICY_LOSSES
-from jaxrl_llm.core.registry import lookup
+from jaxrl_llm.core.registry import lookup, register
 from jaxrl_llm.core.stats import masked_max, masked_mean
 
 SEQUENCE_REDUCTIONS = ("product", "geometric")
+
+CORRECTIONS: dict = {}  # name -> fn(old_logp, behav_logp, mask, **hparams) -> (weights, metrics)
 
 
 def _log_rho(old_logp_BxT, behav_logp_BxT, mask_BxT):
@@ -103,6 +105,7 @@ def _finish(weights_BxT, old_logp_BxT, behav_logp_BxT, mask_BxT, axis_name):
   return weights_BxT, metrics
 
 
+@register(CORRECTIONS, "none")
 def no_correction(old_logp_BxT, behav_logp_BxT, mask_BxT, *, axis_name=None):
   """w_t = 1: the loss trusts pi_old as the sampling distribution (the metrics still show
   how far the sampler was from it)."""
@@ -111,6 +114,7 @@ def no_correction(old_logp_BxT, behav_logp_BxT, mask_BxT, *, axis_name=None):
   return _finish(ones_BxT, old_logp_BxT, behav_logp_BxT, mask_BxT, axis_name)
 
 
+@register(CORRECTIONS, "token_tis")
 def token_tis(old_logp_BxT, behav_logp_BxT, mask_BxT, *, cap=2.0, axis_name=None):
   """Token-level truncated IS (Yao et al., 2025; Espeholt et al.'s V-trace truncation):
 
@@ -121,6 +125,7 @@ def token_tis(old_logp_BxT, behav_logp_BxT, mask_BxT, *, cap=2.0, axis_name=None
   return _finish(jnp.minimum(rho_BxT, cap), old_logp_BxT, behav_logp_BxT, mask_BxT, axis_name)
 
 
+@register(CORRECTIONS, "sequence_tis")
 def sequence_tis(
   old_logp_BxT, behav_logp_BxT, mask_BxT, *, cap=2.0, reduce="product", axis_name=None
 ):
@@ -139,6 +144,7 @@ def sequence_tis(
   return _finish(weights_BxT, old_logp_BxT, behav_logp_BxT, mask_BxT, axis_name)
 
 
+@register(CORRECTIONS, "token_mis")
 def token_mis(
   old_logp_BxT, behav_logp_BxT, mask_BxT, *, cap=2.0, low=None, high=None, axis_name=None
 ):
@@ -154,6 +160,7 @@ def token_mis(
   return _finish(weights_BxT, old_logp_BxT, behav_logp_BxT, mask_BxT, axis_name)
 
 
+@register(CORRECTIONS, "sequence_mis")
 def sequence_mis(
   old_logp_BxT,
   behav_logp_BxT,
@@ -179,6 +186,7 @@ def sequence_mis(
   return _finish(weights_BxT, old_logp_BxT, behav_logp_BxT, mask_BxT, axis_name)
 
 
+@register(CORRECTIONS, "icepop")
 def icepop(old_logp_BxT, behav_logp_BxT, mask_BxT, *, low=0.5, high=5.0, axis_name=None):
   """IcePop's two-sided token masking (Ling Team, 2025, arXiv:2510.18855):
 
@@ -201,15 +209,6 @@ def staleness_metrics(versions_B, current_version, mask_B=None, axis_name=None):
     "staleness_max": masked_max(age_B, mask_B, axis_name),
   }
 
-
-CORRECTIONS = {
-  "none": no_correction,
-  "token_tis": token_tis,
-  "sequence_tis": sequence_tis,
-  "token_mis": token_mis,
-  "sequence_mis": sequence_mis,
-  "icepop": icepop,
-}
 
 
 def corrected_policy_loss(

@@ -21,31 +21,37 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxrl_llm.core.registry import lookup
+from jaxrl_llm.core.registry import lookup, register
 
 K3_CLAMP = 10.0  # |k3| is clamped to this, as in verl's low_var_kl.
 LOG_RATIO_CLAMP = 20.0  # exp(-d) is computed from d clamped to this, so it never overflows.
+
+KL_ESTIMATORS: dict = {}  # name -> fn(logp, ref_logp) -> per-token KL estimate
 
 
 def _log_ratio(logp, ref_logp):
   return logp.astype(jnp.float32) - ref_logp.astype(jnp.float32)
 
 
+@register(KL_ESTIMATORS, "k1")
 def kl_k1(logp, ref_logp):
   """k1 = log pi - log pi_ref."""
   return _log_ratio(logp, ref_logp)
 
 
+@register(KL_ESTIMATORS, "abs")
 def kl_abs(logp, ref_logp):
   """|log pi - log pi_ref|."""
   return jnp.abs(_log_ratio(logp, ref_logp))
 
 
+@register(KL_ESTIMATORS, "k2")
 def kl_k2(logp, ref_logp):
   """k2 = (log pi - log pi_ref)^2 / 2."""
   return 0.5 * jnp.square(_log_ratio(logp, ref_logp))
 
 
+@register(KL_ESTIMATORS, "k3")
 def kl_k3(logp, ref_logp):
   """k3 = pi_ref/pi - 1 - log(pi_ref/pi), clamped to [-10, 10]."""
   d = jnp.clip(_log_ratio(logp, ref_logp), -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
@@ -57,24 +63,17 @@ def _straight_through(value, grad_source):
   return grad_source + jax.lax.stop_gradient(value - grad_source)
 
 
+@register(KL_ESTIMATORS, "k1+")
 def kl_k1_plus(logp, ref_logp):
   """k1's value with k2's gradient."""
   return _straight_through(kl_k1(logp, ref_logp), kl_k2(logp, ref_logp))
 
 
+@register(KL_ESTIMATORS, "k3+")
 def kl_k3_plus(logp, ref_logp):
   """k3's value with k2's gradient."""
   return _straight_through(kl_k3(logp, ref_logp), kl_k2(logp, ref_logp))
 
-
-KL_ESTIMATORS = {
-  "k1": kl_k1,
-  "abs": kl_abs,
-  "k2": kl_k2,
-  "k3": kl_k3,
-  "k1+": kl_k1_plus,
-  "k3+": kl_k3_plus,
-}
 
 
 def kl_penalty(logp, ref_logp, kind):

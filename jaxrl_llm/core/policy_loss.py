@@ -18,7 +18,10 @@ import jax
 import jax.numpy as jnp
 
 from jaxrl_llm.core.kl import LOG_RATIO_CLAMP
+from jaxrl_llm.core.registry import register
 from jaxrl_llm.core.stats import masked_max, masked_mean, masked_min
+
+POLICY_LOSSES: dict = {}  # name -> loss; `register(POLICY_LOSSES, name)` adds one
 
 
 def _broadcast_advantages(advantages, logp_BxT):
@@ -67,6 +70,7 @@ def _clipped_surrogate(ratio_BxT, adv_BxT, clip_low, clip_high):
   return loss_BxT, clipped_low_BxT, clipped_high_BxT
 
 
+@register(POLICY_LOSSES, "ppo_clip")
 def ppo_clip(
   logp_BxT,
   old_logp_BxT,
@@ -107,6 +111,7 @@ def ppo_clip(
   return loss_BxT, metrics
 
 
+@register(POLICY_LOSSES, "gspo")
 def gspo(
   logp_BxT,
   old_logp_BxT,
@@ -140,6 +145,7 @@ def gspo(
   return loss_BxT, ratio_metrics(log_s_BxT, mask_BxT, low_BxT, high_BxT, axis_name)
 
 
+@register(POLICY_LOSSES, "cispo")
 def cispo(
   logp_BxT,
   old_logp_BxT,
@@ -179,6 +185,7 @@ def cispo(
   return loss_BxT, ratio_metrics(log_ratio, mask_BxT, low_BxT, high_BxT, axis_name)
 
 
+@register(POLICY_LOSSES, "reinforce")
 def reinforce(logp_BxT, old_logp_BxT, advantages, mask_BxT, *, axis_name=None):
   """Vanilla policy gradient (Williams, 1992): L_t = -A_t log pi(y_t).
 
@@ -192,9 +199,88 @@ def reinforce(logp_BxT, old_logp_BxT, advantages, mask_BxT, *, axis_name=None):
   return loss_BxT, ratio_metrics(log_ratio, mask_BxT, never_BxT, never_BxT, axis_name)
 
 
-POLICY_LOSSES = {
-  "ppo_clip": ppo_clip,
-  "gspo": gspo,
-  "cispo": cispo,
-  "reinforce": reinforce,
-}
+@register(POLICY_LOSSES, "sapo")
+def sapo(
+  logp_BxT,
+  old_logp_BxT,
+  advantages,
+  mask_BxT,
+  *,
+  tau_pos=1.0,
+  tau_neg=1.05,
+  axis_name=None,
+):
+  """SAPO, Soft Adaptive Policy Optimization (Gao et al., Qwen, 2025, arXiv:2511.20347).
+
+  A smooth gate on the token ratio replaces PPO's hard clip:
+
+    f_t(r) = (4 / tau_t) sigmoid(tau_t (r - 1)),   tau_t = tau_pos if A_t > 0 else tau_neg
+    J      = E[ f_t(r_t) A_t ],   grad J = E[ 4 s_t (1 - s_t) r_t A_t grad log pi(y_t) ]
+
+  with s_t = sigmoid(tau_t (r_t - 1)). At r = 1 the gradient weight is 1 (the
+  policy gradient); it decays smoothly as r leaves 1, faster for larger tau. The
+  paper sets tau_neg > tau_pos (1.05 and 1.0) so negative-advantage updates, which
+  raise the logits of every unsampled token, are damped sooner. Aggregate with
+  'seq-mean-token-mean' to match the paper. This returns
+
+    L_t = -A_t (f_t(r_t) - 2 / tau_t + 1)
+
+  whose gradient is SAPO's and whose value is -A_t at r = 1 like the other losses;
+  the paper's -A_t f_t(r_t) differs by the constant A_t (2 / tau_t - 1).
+  Extra metric: `gate_weight_mean`, the mean gradient weight 4 s (1 - s) r.
+  """
+  adv_BxT = _broadcast_advantages(advantages, logp_BxT)
+  log_ratio, ratio = _ratio(logp_BxT, old_logp_BxT)
+  tau_BxT = jnp.where(adv_BxT > 0, tau_pos, tau_neg)
+  gate_BxT = jax.nn.sigmoid(tau_BxT * (ratio - 1.0))
+  loss_BxT = -adv_BxT * (4.0 / tau_BxT * gate_BxT - 2.0 / tau_BxT + 1.0)
+  weight_BxT = jax.lax.stop_gradient(4.0 * gate_BxT * (1.0 - gate_BxT) * ratio)
+  never_BxT = jnp.zeros(logp_BxT.shape, bool)
+  metrics = {"gate_weight_mean": masked_mean(weight_BxT, mask_BxT > 0, axis_name)}
+  metrics.update(ratio_metrics(log_ratio, mask_BxT, never_BxT, never_BxT, axis_name))
+  return loss_BxT, metrics
+
+
+@register(POLICY_LOSSES, "gmpo")
+def gmpo(
+  logp_BxT,
+  old_logp_BxT,
+  advantages,
+  mask_BxT,
+  *,
+  clip_low=0.4,
+  clip_high=0.4,
+  axis_name=None,
+):
+  """GMPO, Geometric-Mean Policy Optimization (Zhao et al., 2025, arXiv:2507.20673).
+
+  GRPO with the geometric mean of the token ratios in place of their arithmetic
+  mean, clipped per token in log space:
+
+    c_it = min(log r_it, clip(log r_it, -clip_low, clip_high))   if A_i >= 0
+           max(log r_it, clip(log r_it, -clip_low, clip_high))   if A_i < 0
+    s_i  = exp( (1/|y_i|) sum_t c_it )
+    L_i  = -A_i s_i
+
+  so J = E[A_i (prod_t min(r_it, clip(r_it)))^(1/|y_i|)] for A_i >= 0 (the paper's
+  sgn(A_i) prod_t |min(r_it A_i, clip(r_it) A_i)|^(1/|y_i|)). A clipped token has no
+  gradient; an unclipped one gets -A_i s_i / |y_i| times its score function. The
+  paper's range is (e^-0.4, e^0.4), i.e. `clip_low = clip_high = 0.4` in log space.
+  Every token of row i carries L_i: aggregate with 'seq-mean-token-mean' to get the
+  paper's mean over sequences. `[B, T]` advantages are averaged over each row's
+  tokens first (GMPO is defined for sequence-level advantages), as in verl.
+  """
+  adv_BxT = _broadcast_advantages(advantages, logp_BxT)
+  log_ratio, _ = _ratio(logp_BxT, old_logp_BxT)
+  mask_BxT = mask_BxT > 0
+  length_Bx1 = jnp.maximum(mask_BxT.sum(-1, keepdims=True), 1)
+  adv_Bx1 = jnp.sum(jnp.where(mask_BxT, adv_BxT, 0.0), -1, keepdims=True) / length_Bx1
+  bounded_BxT = jnp.clip(log_ratio, -clip_low, clip_high)
+  pessimistic_BxT = jnp.where(
+    adv_Bx1 >= 0, jnp.minimum(log_ratio, bounded_BxT), jnp.maximum(log_ratio, bounded_BxT)
+  )
+  log_s_Bx1 = jnp.sum(jnp.where(mask_BxT, pessimistic_BxT, 0.0), -1, keepdims=True) / length_Bx1
+  loss_BxT = jnp.broadcast_to(-adv_Bx1 * jnp.exp(log_s_Bx1), logp_BxT.shape)
+  low_BxT = (log_ratio < -clip_low) & (adv_Bx1 < 0)
+  high_BxT = (log_ratio > clip_high) & (adv_Bx1 > 0)
+  return loss_BxT, ratio_metrics(log_ratio, mask_BxT, low_BxT, high_BxT, axis_name)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxrl_llm.rewards.math import extract_answer
+from jaxrl_llm.common.answers import extract_answer
 
 PROMPT = "Question: {question}\nAnswer:"
 

@@ -15,8 +15,11 @@ from jaxrl_llm.rewards.math import (
   last_boxed,
   parse_number,
 )
+from jaxrl_llm.rewards.registry import REWARDS, register_reward
 
 __all__ = [
+  "REWARDS",
+  "register_reward",
   "MARKER",
   "RewardError",
   "answer_match",

@@ -4,7 +4,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from jaxrl_llm.data.batching import left_pad
+from jaxrl_llm.common.padding import left_pad
 
 
 def reward_model_fn(model, tokenizer, *, max_length: int, batch_size: int = 64):

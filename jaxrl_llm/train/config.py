@@ -63,10 +63,13 @@ class LoraSection:
 
 @dataclasses.dataclass(frozen=True)
 class TaskSection:
-  """`name`: arithmetic (digits, ops), countdown (count, max_number) or gsm8k (path to a
-  local GSM8K-format .jsonl/.parquet file, optional test_path)."""
+  """`name`: a task of `jaxrl_llm.data.TASKS`: arithmetic (digits, ops), countdown (count,
+  max_number), gsm8k (path to a local GSM8K-format .jsonl/.parquet file, optional
+  test_path), chain (digits; kwargs min_terms, max_terms), or one you registered.
+  `kwargs`: a JSON object of the task's own keyword arguments, e.g. '{"max_terms": 4}'."""
 
   name: str = "arithmetic"
+  kwargs: str = ""
   digits: int = 2
   ops: str = "+"
   count: int = 4
@@ -85,9 +88,10 @@ class TaskSection:
   system_prompt: str = ""  # chat: a system turn first ("" keeps the template's own default)
   answer_marker: str = "Answer:"  # the reward reads the number after it (rewards.math)
   strict_answer: bool = False  # True: no marker, #### or \boxed{} answer scores 0
-  # arithmetic and gsm8k: "exact_match" (rewards.math, the default) or "math_verify"
-  # (equivalence by math-verify in a sandboxed worker; pip install 'jaxrl_llm[math]')
-  reward: str = "exact_match"
+  # The correctness reward, a name in `jaxrl_llm.rewards.REWARDS`; "" takes the task's own
+  # (exact_match for arithmetic, chain and gsm8k; countdown's for countdown). "math_verify":
+  # equivalence by math-verify in a sandboxed worker (pip install 'jaxrl_llm[math]').
+  reward: str = ""
   # Drop prompts longer than prompt_length (counted in the logs) instead of stopping the run.
   filter_overlong_prompts: bool = False
 
@@ -145,8 +149,14 @@ class EnvSection:
 class AlgoSection:
   """The knobs the ablation literature turns."""
 
+  # Names in core.GROUP_ESTIMATORS or core.TOKEN_ESTIMATORS, and core.POLICY_LOSSES; each
+  # `*_kwargs` is a JSON object of the function's own keyword arguments, e.g.
+  # policy_loss_kwargs='{"tau_pos": 1.0}'. The keys below (clip_*, dual_clip, gamma, lam) reach
+  # the function when it takes them; a key in the JSON object wins over them.
   estimator: str = "grpo"
+  estimator_kwargs: str = ""
   policy_loss: str = "ppo_clip"
+  policy_loss_kwargs: str = ""
   clip_low: float | None = None  # None: the loss's own default
   clip_high: float | None = None
   dual_clip: float | None = None
@@ -223,6 +233,9 @@ class MeshSection:
 @dataclasses.dataclass(frozen=True)
 class RunSection:
   steps: int = 100
+  # > 0: stop once this many completions have been sampled (dynamic sampling's extra rounds
+  # count), at most run.steps steps; the way to compare methods at equal samples.
+  sample_budget: int = 0
   seed: int = 0
   workdir: str = "runs/default"
   eval_examples: int = 256
@@ -321,7 +334,9 @@ class TrainConfig:
 
   @property
   def uses_critic(self) -> bool:
-    return self.algo.estimator == "gae"
+    """The estimator reads a critic's values (`core.TokenEstimator.critic`), so one is trained."""
+    token = core.TOKEN_ESTIMATORS.get(self.algo.estimator)
+    return token is not None and token.critic
 
   @property
   def truncation(self) -> str:
@@ -343,24 +358,43 @@ class TrainConfig:
     )
 
   def policy_loss_kwargs(self) -> dict:
-    """The clip settings the chosen loss accepts, leaving its own defaults where unset."""
-    fn = core.POLICY_LOSSES[self.algo.policy_loss]
-    accepted = inspect.signature(fn).parameters
-    given = {
-      "clip_low": self.algo.clip_low,
-      "clip_high": self.algo.clip_high,
-      "dual_clip": self.algo.dual_clip,
-    }
-    return {k: v for k, v in given.items() if v is not None and k in accepted}
+    """The chosen loss's keyword arguments: the clip keys it takes, then
+    `algo.policy_loss_kwargs` (validate checks that the loss takes each)."""
+    a = self.algo
+    given = {"clip_low": a.clip_low, "clip_high": a.clip_high, "dual_clip": a.dual_clip}
+    return _accepted(core.POLICY_LOSSES[a.policy_loss], given) | _json(a.policy_loss_kwargs)
+
+  def estimator_kwargs(self) -> dict:
+    """The chosen estimator's keyword arguments: gamma and lam where it takes them, then
+    `algo.estimator_kwargs`."""
+    a = self.algo
+    token = core.TOKEN_ESTIMATORS.get(a.estimator)
+    fn = token.fn if token else core.GROUP_ESTIMATORS[a.estimator]
+    return _accepted(fn, {"gamma": a.gamma, "lam": a.lam}) | _json(a.estimator_kwargs)
+
+  def task_kwargs(self) -> dict:
+    """`task.kwargs` parsed: the task's keyword arguments."""
+    return _json(self.task.kwargs)
 
   def env_kwargs(self) -> dict:
     """`env.kwargs` parsed: the environment's keyword arguments (validate checks the JSON)."""
-    return json.loads(self.env.kwargs) if self.env.kwargs else {}
+    return _json(self.env.kwargs)
 
   def correction_kwargs(self) -> dict:
     """The correction's knobs that are set (validate refuses ones it does not take)."""
     given = {k: getattr(self.algo, f"correction_{k}") for k in ("cap", "low", "high", "reduce")}
     return {k: v for k, v in given.items() if v is not None}
+
+
+def _json(text: str) -> dict:
+  """A `*_kwargs` key parsed (validate has checked that it is a JSON object)."""
+  return json.loads(text) if text else {}
+
+
+def _accepted(fn, given: dict) -> dict:
+  """The set entries of `given` that `fn` takes as keyword arguments."""
+  params = inspect.signature(fn).parameters
+  return {k: v for k, v in given.items() if v is not None and k in params}
 
 
 def _field_type(field: dataclasses.Field):

@@ -153,6 +153,7 @@ def _meta(job: _Job, producer) -> dict:
   meta = {
     "producer": producer.state(),  # the prompt stream's position and rollouts in flight
     "heldout_accuracy_before": job.summary["heldout_accuracy_before"],
+    "completions_sampled": job.summary["completions_sampled"],
     "model_config": to_hf_config(learner.model_cfg),
     "tokenizer": tokenizer or (describe() if describe else {"kind": "custom"}),
   }
@@ -256,6 +257,7 @@ def _start(job: _Job, examples: dict, ckpt, restored) -> tuple[int, dict | None]
     learner.state = learner.restored(restored.state, restored.meta)
     job.summary["heldout_accuracy_before"] = restored.meta["heldout_accuracy_before"]
     job.summary["resumed_from"] = restored.step
+    job.summary["completions_sampled"] = restored.meta.get("completions_sampled", 0)
     # checkpoints from before the producer was saved held the stream's position alone
     return restored.step, restored.meta.get("producer", {"stream": restored.meta.get("stream")})
   if ckpt is None:
@@ -266,6 +268,7 @@ def _start(job: _Job, examples: dict, ckpt, restored) -> tuple[int, dict | None]
   learner.init_state()
   job.summary["heldout_accuracy_before"] = job.evaluate()
   job.summary["resumed_from"] = None
+  job.summary["completions_sampled"] = 0
   return 0, None
 
 
@@ -313,13 +316,20 @@ def _stop_if_diverged(job: _Job, step: int, notfinite: int, writer, ckpt) -> Non
   )
 
 
+def _budget_spent(job: _Job) -> bool:
+  """`run.sample_budget` is set and the completions sampled so far have reached it."""
+  budget = job.cfg.run.sample_budget
+  return bool(budget) and job.summary["completions_sampled"] >= budget
+
+
 def _checkpoint(job: _Job, ckpt, producer, done: int, preemption) -> bool:
   """Saves every `checkpoint.every` steps, at the end, and when a signal came; True when
   the run should stop (the save is then complete)."""
   if ckpt is None:
     return False
   stop = preemption.requested()
-  if done % job.cfg.checkpoint.every == 0 or done == job.cfg.run.steps or stop:
+  end = done == job.cfg.run.steps or _budget_spent(job)
+  if done % job.cfg.checkpoint.every == 0 or end or stop:
     ckpt.save(done, job.learner.saved(job.learner.state), _meta(job, producer))
   if stop:
     ckpt.wait()
@@ -334,11 +344,13 @@ def _checkpoint(job: _Job, ckpt, producer, done: int, preemption) -> bool:
 
 
 def _steps(job: _Job, producer, ckpt, writer, first: int) -> tuple:
-  """Steps `first` .. run.steps - 1 (or until a signal); returns (step, held-out accuracy)
-  of the latest periodic evaluation."""
+  """Steps `first` .. run.steps - 1, until `run.sample_budget` is spent, or until a signal;
+  returns (step, held-out accuracy) of the latest periodic evaluation, and the steps done."""
   cfg = job.cfg
   n_params = perf.matmul_params(job.learner)
-  last_eval = (None, None)
+  last_eval, done = (None, None), first
+  if _budget_spent(job):  # resumed after the budget's last step
+    return last_eval, done
   bar = tqdm(
     range(first, cfg.run.steps),
     initial=first,
@@ -349,19 +361,21 @@ def _steps(job: _Job, producer, ckpt, writer, first: int) -> tuple:
   with Preemption(active=ckpt is not None) as preemption:
     for step in bar:
       metrics, notfinite = _iteration(job, producer, step, n_params)
-      if cfg.run.eval_every and (step + 1) % cfg.run.eval_every == 0:
+      job.summary["completions_sampled"] += metrics.get("completions_sampled", cfg.batch_size)
+      done = step + 1
+      if cfg.run.eval_every and (done % cfg.run.eval_every == 0 or _budget_spent(job)):
         metrics["heldout_accuracy"] = job.evaluate()
         last_eval = (step + 1, metrics["heldout_accuracy"])
       writer.write(step + 1, metrics)
       bar.set_postfix(reward=f"{metrics['reward_mean']:.3f}", acc=f"{metrics['accuracy']:.2f}")
       _stop_if_diverged(job, step, notfinite, writer, ckpt)
-      if _checkpoint(job, ckpt, producer, step + 1, preemption):
+      if _checkpoint(job, ckpt, producer, done, preemption) or _budget_spent(job):
         break
   bar.close()
-  return last_eval
+  return last_eval, done
 
 
-def _finish(job: _Job, writer, ckpt, last_eval) -> dict:
+def _finish(job: _Job, writer, ckpt, last_eval, done: int) -> dict:
   """Closes the files; a run that finished gets its held-out accuracy after RL and, on
   process 0, `summary.json` (which the ablation runner reads)."""
   writer.close()
@@ -374,10 +388,11 @@ def _finish(job: _Job, writer, ckpt, last_eval) -> dict:
   if summary["preempted"]:
     return summary
   # The last step's periodic evaluation already scored this policy on these examples.
-  after = last_eval[1] if last_eval[0] == cfg.run.steps else None
+  after = last_eval[1] if last_eval[0] == done else None
   if after is None:
     after = job.evaluate()
   summary["heldout_accuracy_after"] = after
+  summary["steps_run"] = done
   if jax.process_index() == 0:
     record = {k: v for k, v in summary.items() if k != "learner"} | {"steps": cfg.run.steps}
     (Path(cfg.run.workdir) / "summary.json").write_text(json.dumps(record, indent=2) + "\n")
@@ -416,5 +431,5 @@ def train(cfg: TrainConfig, devices=None, task: Task | None = None) -> dict:
   elif ckpt is not None:  # the warm-started policy: a resumed run never repeats the warm start
     ckpt.save(0, job.learner.saved(job.learner.state), _meta(job, producer))
   writer = MetricsWriter(cfg.run.workdir, cfg.run.tensorboard, start_step=first)
-  last_eval = _steps(job, producer, ckpt, writer, first)
-  return _finish(job, writer, ckpt, last_eval)
+  last_eval, done = _steps(job, producer, ckpt, writer, first)
+  return _finish(job, writer, ckpt, last_eval, done)

@@ -232,13 +232,10 @@ def make_experience(
   if a.kl_placement == "reward" and cfg.uses_reference:
     rewards_BxN = rewards_BxN - state.kl.coef * kl_BxN
   returns = zeros
-  if a.estimator == "gae":
-    adv, returns = core.gae(
-      rewards_BxN, values, mask_BxN, gamma=a.gamma, lam=a.lam, bootstrap_value_B=bootstrap_B
+  if a.estimator in core.TOKEN_ESTIMATORS:
+    adv, returns = core.TOKEN_ESTIMATORS[a.estimator].fn(
+      rewards_BxN, values, mask_BxN, bootstrap_value_B=bootstrap_B, **cfg.estimator_kwargs()
     )
-    adv = core.masked_whiten(adv, mask_BxN)
-  elif a.estimator == "reinforce_plus_plus":
-    adv = core.reinforce_plus_plus(rewards_BxN, mask_BxN, gamma=a.gamma)
   else:
     adv_B = core.group_advantages(
       batch.scores_B,
@@ -246,6 +243,7 @@ def make_experience(
       estimator=a.estimator,
       eps=a.adv_eps,
       lengths=mask_BxN.sum(-1),
+      **cfg.estimator_kwargs(),
     )
     adv = jnp.where(mask_BxN, adv_B[:, None], 0.0)
   exp = Experience(batch, old_logp, ref_logp, values, adv, returns, mask_BxN)

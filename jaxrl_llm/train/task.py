@@ -5,20 +5,12 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxrl_llm.data import ArithmeticTask, bucket_length, left_pad
-from jaxrl_llm.data.countdown import CountdownTask
-from jaxrl_llm.data.gsm8k import GSM8KFile
+from jaxrl_llm.core.registry import lookup
+from jaxrl_llm.data import TASKS, bucket_length, left_pad
 from jaxrl_llm.data.tfds_builders import TfdsSource, gsm8k_local_builder, synthetic_builder
 from jaxrl_llm.envs import environment
 from jaxrl_llm.models import CharTokenizer, load_tokenizer
-from jaxrl_llm.rewards import (
-  answer_match,
-  countdown_reward,
-  format_reward,
-  missing_eos_penalty,
-  overlong_penalty,
-)
-from jaxrl_llm.rewards.equivalence import MathVerifyReward
+from jaxrl_llm.rewards import REWARDS, format_reward, missing_eos_penalty, overlong_penalty
 from jaxrl_llm.train.config import ConfigError, TrainConfig
 from jaxrl_llm.train.step import Batch
 
@@ -26,6 +18,11 @@ from jaxrl_llm.train.step import Batch
 def tfds_source(cfg: TrainConfig, generator) -> TfdsSource:
   """The configured task's TFDS builder, prepared under `task.data_dir`."""
   t, n_test = cfg.task, max(cfg.run.eval_examples, 1)
+  if t.name not in ("arithmetic", "countdown", "gsm8k"):
+    raise ConfigError(
+      f"config.task.data_dir: task {t.name!r} has no TFDS builder (arithmetic, countdown and "
+      "gsm8k do); leave config.task.data_dir empty to draw its examples in memory."
+    )
   if t.name == "gsm8k":
     builder = gsm8k_local_builder(t.data_dir, t.path, t.test_path)
   else:
@@ -71,26 +68,23 @@ def checkpoint_tokenizer(path):
 
 
 def configured_spec(cfg: TrainConfig):
-  """The example source `task.name` names, and its correctness reward."""
-  t = cfg.task
-  correct = {"exact_match": (answer_match(t.answer_marker, t.strict_answer), 1.0)}
-  if t.reward == "math_verify":
-    try:
-      correct = {"math_verify": (MathVerifyReward(), 1.0)}
-    except ImportError as e:
-      raise ConfigError(f"config.task.reward='math_verify': {e}") from None
-  if t.name == "arithmetic":
-    spec = ArithmeticTask(digits=t.digits, ops=t.ops, test_fraction=t.test_fraction)
-    return spec, correct
-  if t.name == "countdown":
-    spec = CountdownTask(count=t.count, max_number=t.max_number, test_fraction=t.test_fraction)
-    return spec, {"countdown": (countdown_reward, 1.0)}
+  """The example source `task.name` names (`data.TASKS`), and its correctness reward
+  (`task.reward`, or the task's own, from `rewards.REWARDS`)."""
+  t, kwargs = cfg.task, cfg.task_kwargs()
+  entry = lookup(TASKS, t.name, "task")
   try:
-    spec = GSM8KFile(t.path, test_fraction=t.test_fraction, test_path=t.test_path or None)
-  except (OSError, ValueError) as e:
-    key = "task.test_path" if t.test_path and str(t.test_path) in str(e) else "task.path"
-    raise ConfigError(f"config.{key}: {e}") from None
-  return spec, correct
+    spec = entry.source(t, kwargs)
+  except (OSError, ValueError, TypeError) as e:
+    key = "task.path" if t.name == "gsm8k" else "task.kwargs"
+    if t.test_path and str(t.test_path) in str(e):
+      key = "task.test_path"
+    raise ConfigError(f"config.{key} (task {t.name!r}): {e}") from None
+  reward = t.reward or entry.reward
+  try:
+    correct = lookup(REWARDS, reward, "reward")(t, kwargs)
+  except (ImportError, ValueError, TypeError) as e:
+    raise ConfigError(f"config.task.reward={reward!r}: {e}") from None
+  return spec, {reward: (correct, 1.0)}
 
 
 class Task:

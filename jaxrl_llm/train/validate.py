@@ -14,7 +14,6 @@ from jaxrl_llm.models.lora import QUANT_TYPES, resolve_targets
 if TYPE_CHECKING:
   from jaxrl_llm.train.config import TrainConfig
 
-TOKEN_ESTIMATORS = ("gae", "reinforce_plus_plus")  # per-token advantages; the rest are groups
 PRETRAINED_MAX_LR = 1e-4  # above it, one update moves a pretrained policy far from itself
 
 
@@ -82,8 +81,13 @@ def advice(cfg: "TrainConfig") -> list[str]:
 
 def _algo(cfg: "TrainConfig") -> None:
   a, r = cfg.algo, cfg.rollout
-  _known(a.estimator, core.GROUP_ESTIMATORS, "algo.estimator", TOKEN_ESTIMATORS)
+  _known(a.estimator, core.GROUP_ESTIMATORS, "algo.estimator", core.TOKEN_ESTIMATORS)
   _known(a.policy_loss, core.POLICY_LOSSES, "algo.policy_loss")
+  token = core.TOKEN_ESTIMATORS.get(a.estimator)
+  estimator = token.fn if token else core.GROUP_ESTIMATORS[a.estimator]
+  _kwargs(a.estimator_kwargs, "algo.estimator_kwargs", estimator, a.estimator)
+  _kwargs(a.policy_loss_kwargs, "algo.policy_loss_kwargs", core.POLICY_LOSSES[a.policy_loss],
+          a.policy_loss)  # fmt: skip
   _known(a.aggregation, core.AGGREGATION_MODES, "algo.aggregation")
   _known(a.kl_estimator, core.KL_ESTIMATORS, "algo.kl_estimator")
   _check(
@@ -101,9 +105,9 @@ def _algo(cfg: "TrainConfig") -> None:
     )
   if a.kl_placement == "reward" and a.kl_coef > 0:
     _check(
-      a.estimator in TOKEN_ESTIMATORS,
+      a.estimator in core.TOKEN_ESTIMATORS,
       f"config.algo.kl_placement='reward' puts a per-token KL penalty in the reward, which "
-      f"only per-token estimators ({', '.join(TOKEN_ESTIMATORS)}) see; with "
+      f"only per-token estimators ({', '.join(core.TOKEN_ESTIMATORS)}) see; with "
       f"estimator={a.estimator!r} use kl_placement='loss'.",
     )
   if a.estimator in core.GROUP_ESTIMATORS:
@@ -194,14 +198,7 @@ def _env(cfg: "TrainConfig") -> None:
     f"config.env.max_tokens={e.max_tokens} (an episode's tokens after the prompt) must hold "
     f"at least one turn of config.rollout.max_new_tokens={r.max_new_tokens}.",
   )
-  try:
-    kwargs = json.loads(e.kwargs) if e.kwargs else {}
-  except ValueError as err:
-    raise ConfigError(f"config.env.kwargs={e.kwargs!r} is not JSON ({err}).") from None
-  _check(
-    isinstance(kwargs, dict),
-    f"config.env.kwargs={e.kwargs!r} must be a JSON object of keyword arguments.",
-  )
+  _kwargs(e.kwargs, "env.kwargs")
   _check(
     r.mode == "sync" and not r.off_policy_steps and not r.dynamic_sampling,
     "config.env.name: episodes are played on-policy, turn by turn with the current params; "
@@ -235,6 +232,10 @@ def _batching(cfg: "TrainConfig") -> None:
 
 
 def _run(cfg: "TrainConfig") -> None:
+  _check(
+    cfg.run.sample_budget >= 0,
+    f"config.run.sample_budget={cfg.run.sample_budget} must be >= 0 (0: run.steps alone).",
+  )
   _check(cfg.run.eval_every >= 0, "config.run.eval_every must be >= 0 (0: no evaluation).")
   _check(cfg.checkpoint.every >= 0, "config.checkpoint.every must be >= 0 (0: no checkpoints).")
   _check(
@@ -254,11 +255,39 @@ def _run(cfg: "TrainConfig") -> None:
   )
 
 
-def _task(cfg: "TrainConfig") -> None:
+def _kwargs(text: str, key: str, fn=None, name: str = "") -> None:
+  """A `*_kwargs` key: empty or a JSON object, whose keys `fn` (when given) takes."""
+  try:
+    kwargs = json.loads(text) if text else {}
+  except ValueError as err:
+    raise ConfigError(f"config.{key}={text!r} is not JSON ({err}).") from None
   _check(
-    cfg.task.name in ("arithmetic", "countdown", "gsm8k"),
-    f"config.task.name={cfg.task.name!r} is unknown; available: arithmetic, countdown, gsm8k.",
+    isinstance(kwargs, dict),
+    f"config.{key}={text!r} must be a JSON object of keyword arguments, e.g. '{{\"k\": 4}}'.",
   )
+  if fn is None:
+    return
+  params = inspect.signature(fn).parameters
+  if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+    return
+  taken = [k for k, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY]
+  taken = [k for k in taken if k not in ("axis_name", "bootstrap_value_B", "lengths_NxG")]
+  for k in kwargs:
+    _check(
+      k in taken,
+      f"config.{key} sets {k!r}, which {name!r} does not take; it takes "
+      f"{', '.join(taken) or 'no keyword arguments'}.",
+    )
+
+
+def _task(cfg: "TrainConfig") -> None:
+  from jaxrl_llm.data import TASKS
+  from jaxrl_llm.rewards import REWARDS
+
+  _known(cfg.task.name, TASKS, "task.name")
+  _kwargs(cfg.task.kwargs, "task.kwargs")
+  if cfg.task.reward:
+    _known(cfg.task.reward, REWARDS, "task.reward")
   _check(
     cfg.task.template in ("plain", "chat"),
     f"config.task.template={cfg.task.template!r}; use 'plain' or 'chat'.",
@@ -267,13 +296,6 @@ def _task(cfg: "TrainConfig") -> None:
     not cfg.task.instruction or any(f in cfg.task.instruction for f in ("{question}", "{prompt}")),
     f"config.task.instruction={cfg.task.instruction!r} names no example field; put "
     "{question} (or {prompt}) where the problem goes.",
-  )
-  _check(
-    cfg.task.reward in ("exact_match", "math_verify")
-    and cfg.task.name != "countdown"
-    or cfg.task.reward == "exact_match",
-    f"config.task.reward={cfg.task.reward!r}; use 'exact_match' or 'math_verify' (arithmetic "
-    "and gsm8k; countdown has its own reward).",
   )
   _check(
     not cfg.task.system_prompt or cfg.task.template == "chat",

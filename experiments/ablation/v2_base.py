@@ -1,0 +1,25 @@
+"""The base of ablation `v2`: the `grpo_vs_ppo` base (experiments/ablation/base.py) on
+chained addition with shown work (`data.ChainTask`: 2 or 3 two-digit terms, every partial
+sum written out, `"47+15+23="` -> `"47+15=62,62+23=85"`), so correct answers take 8 to 17
+characters and wrong ones can run to the 24-token budget.
+
+  python -m jaxrl_llm.train --config experiments/ablation/grpo.py:v2   # one method, alone
+
+Every run stops at the same number of sampled completions (`run.sample_budget`: 300
+steps of 32 prompts x 8 samples), so DAPO's extra dynamic-sampling rounds come out of its
+budget. Held-out greedy accuracy every 30 steps.
+"""
+
+from experiments.ablation import base
+
+STEPS = 300
+SAMPLES = STEPS * 32 * 8
+
+
+def get_config():
+  c = base.get_config()
+  c.task.update(name="chain", digits=2, kwargs='{"min_terms": 2, "max_terms": 3}', prompt_length=9)
+  c.rollout.update(max_new_tokens=24)
+  c.run.update(steps=STEPS, sample_budget=SAMPLES, eval_every=30)
+  c.checkpoint.update(every=0)  # a run takes about a minute: a killed one starts over
+  return c

@@ -204,6 +204,7 @@ def warm_start(out: Path, suite: Suite, name: str, smoke: bool) -> Path:
     "warmstart.steps": 5 if smoke else spec.warm_steps,
     "warmstart.examples": 64 if smoke else spec.warm_examples,
     "run.steps": 0,
+    "checkpoint.every": 100,  # the warm-started policy is exported from its checkpoint
     "run.eval_examples": SMOKE["run.eval_examples"] if smoke else 256,
     "run.progress": False,
     "run.workdir": workdir,

@@ -1,3 +1,6 @@
+import itertools
+import math
+
 import chex
 import hypothesis.extra.numpy as hnp
 import jax
@@ -12,6 +15,7 @@ from jaxrl_llm.core import (
   gae,
   group_advantages,
   masked_whiten,
+  pass_at_k_advantages,
   reinforce_plus_plus,
   scores_to_token_rewards,
 )
@@ -239,3 +243,88 @@ def test_gae_under_jit_keeps_float32():
     lam=0.9,
   )
   chex.assert_type([adv, ret], jnp.float32)
+
+
+def test_pass_at_k_by_hand():
+  # G = 4, k = 2: C(4, 2) = 6 pairs. c = 1: R = 1 - C(3, 2) / 6 = 1/2, sigma = 1/2,
+  # A_pos = 1, A_neg = (1/2 - C(2, 1) / C(3, 1)) / (1/2) = -1/3. c = 2: R = 5/6,
+  # sigma = sqrt(5) / 6, A = +-(1/6) / sigma = +-1/sqrt(5). c = 3, 4: every pair has a
+  # correct sample, sigma = 0; c = 0: none has, sigma = 0.
+  s = jnp.array([[0, 0, 0, 0], [0, 1, 0, 0], [1, 0, 0, 1], [1, 1, 0, 1], [1, 1, 1, 1]], jnp.float32)
+  five = 1 / np.sqrt(5)
+  expected = [
+    [0, 0, 0, 0],
+    [-1 / 3, 1, -1 / 3, -1 / 3],
+    [five, -five, -five, five],
+    [0, 0, 0, 0],
+    [0, 0, 0, 0],
+  ]
+  np.testing.assert_allclose(pass_at_k_advantages(s, k=2, eps=0.0), expected, rtol=1e-6)
+  flat = group_advantages(s.reshape(-1), group_size=4, estimator="pass_at_k", k=2, eps=0.0)
+  np.testing.assert_allclose(flat.reshape(5, 4), expected, rtol=1e-6)
+
+
+def _pass_at_k_by_enumeration(scores, k):
+  """Every k-subset's reward is its best sample's; a sample's advantage is the mean of
+  (reward - mean) / std over the subsets that contain it."""
+  subsets = list(itertools.combinations(range(len(scores)), k))
+  rewards = np.array([max(scores[i] for i in sub) for sub in subsets], float)
+  mean, std = rewards.mean(), rewards.std()
+  if std < 1e-9:
+    return np.zeros(len(scores))
+  adv = (rewards - mean) / std
+  return np.array(
+    [
+      np.mean([a for a, sub in zip(adv, subsets, strict=True) if i in sub])
+      for i in range(len(scores))
+    ]
+  )
+
+
+def test_pass_at_k_equals_enumerating_every_subset():
+  rng = np.random.default_rng(0)
+  groups = []
+  for G in range(2, 7):
+    groups += [rng.permutation([1.0] * c + [0.0] * (G - c)) for c in range(G + 1)]  # binary
+    groups.append(rng.normal(size=G))  # any reward
+    groups.append(rng.integers(0, 3, size=G) / 2)  # ties
+  for scores in groups:
+    for k in range(1, len(scores) + 1):
+      got = pass_at_k_advantages(jnp.asarray(scores[None], jnp.float32), k=k, eps=0.0)
+      np.testing.assert_allclose(
+        got[0], _pass_at_k_by_enumeration(scores, k), rtol=1e-5, atol=1e-5, err_msg=(scores, k)
+      )
+
+
+def test_pass_at_k_matches_authors_on_random_groups():
+  """RUCAIBox/Passk_Training@c3ba575 code/passk_adv.py calc_adv, restated with math.comb
+  (scipy's comb, as they use it, is 0 for a negative n)."""
+  comb = lambda n, r: math.comb(n, r) if n >= 0 else 0
+
+  def theirs(val, k):
+    n, c = len(val), int(np.sum(val == 1))
+    rho = 1 - comb(n - c, k) / comb(n, k)
+    sigma = np.sqrt(rho * (1 - rho))
+    adv_p = (1 - rho) / (sigma + 1e-6)
+    adv_n = (1 - rho - comb(n - c - 1, k - 1) / comb(n - 1, k - 1)) / (sigma + 1e-6)
+    return np.where(val == 1, adv_p, adv_n)
+
+  rng = np.random.default_rng(1)
+  scores = (rng.random((64, 16)) < rng.random((64, 1))).astype(np.float32)
+  for k in (1, 2, 4, 8, 16):
+    expected = np.stack([theirs(row, k) for row in scores])
+    got = jax.jit(pass_at_k_advantages, static_argnames="k")(jnp.asarray(scores), k=k)
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5, err_msg=k)
+
+
+def test_pass_at_1_is_grpo_with_the_population_std():
+  s = jnp.array([[1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0]])
+  expected = (s - s.mean()) / s.std()
+  np.testing.assert_allclose(pass_at_k_advantages(s, k=1, eps=0.0), expected, rtol=1e-6)
+
+
+def test_pass_at_k_errors():
+  with pytest.raises(ValueError, match="1 <= k <= group_size=4; got k=5"):
+    group_advantages(jnp.zeros(8), group_size=4, estimator="pass_at_k", k=5)
+  with pytest.raises(ValueError, match="got k=0"):
+    pass_at_k_advantages(jnp.zeros((2, 4)), k=0)

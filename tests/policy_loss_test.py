@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxrl_llm.core import POLICY_LOSSES, cispo, gspo, ppo_clip, reinforce
+from jaxrl_llm.core import POLICY_LOSSES, aggregate, cispo, gmpo, gspo, ppo_clip, reinforce, sapo
 
 CLIP_VARIANTS = {
   "ppo": (ppo_clip, {}),
@@ -13,6 +13,7 @@ CLIP_VARIANTS = {
   "gspo": (gspo, {}),
   "cispo": (cispo, {}),
   "cispo_two_sided": (cispo, {"clip_low": 0.2, "clip_high": 0.2}),
+  "sapo": (sapo, {}),
 }
 
 
@@ -160,3 +161,132 @@ def test_cispo_default_bounds_are_scalerls():
   np.testing.assert_allclose(loss, [[-3.0, -4.0, -5.0, -0.02]], rtol=1e-5)
   np.testing.assert_allclose(metrics["clipfrac_high"], 0.25)
   np.testing.assert_allclose(metrics["clipfrac_low"], 0.0)
+
+
+def _sigmoid(x):
+  return 1.0 / (1.0 + np.exp(-x))
+
+
+def test_sapo_by_hand():
+  old = jnp.zeros((1, 4))
+  logp = jnp.log(jnp.array([[1.5, 0.5, 1.5, 0.5]]))  # ratios
+  adv = jnp.array([[1.0, 1.0, -1.0, -1.0]])
+  mask = jnp.ones((1, 4))
+  fn = lambda lp: sapo(lp, old, adv, mask, tau_pos=1.0, tau_neg=2.0)
+  loss, m = fn(logp)
+  # A > 0, tau 1: -(4 sigmoid(r - 1) - 1);  A < 0, tau 2: 2 sigmoid(2 (r - 1)).
+  np.testing.assert_allclose(loss, [[-1.4898373, -0.5101627, 1.4621172, 0.5378828]], rtol=1e-6)
+  # d/dlog pi: -A 4 s (1 - s) r with s = sigmoid(tau (r - 1)): smooth, never exactly 0.
+  g = jax.grad(lambda lp: fn(lp)[0].sum())(logp)
+  np.testing.assert_allclose(g, [[-1.4100223, -0.4700074, 1.1796716, 0.3932239]], rtol=1e-6)
+  np.testing.assert_allclose(m["gate_weight_mean"], np.mean(np.abs(g)), rtol=1e-6)
+  np.testing.assert_allclose(m["clipfrac_high"], 0.0)
+
+
+def test_sapo_matches_verl_on_random_inputs():
+  """verl's compute_policy_loss_sapo (volcengine/verl@b178a3cd, core_algos.py) per token is
+  -A (4 / tau) sigmoid(tau (r - 1)), tau by the sign of A; ours adds A (2 / tau - 1)."""
+  rng = np.random.default_rng(0)
+  logp = -np.abs(rng.normal(size=(3, 7)))
+  old = logp + 0.5 * rng.normal(size=(3, 7))
+  adv = rng.normal(size=(3, 7))
+  tau_pos, tau_neg = 1.0, 1.05
+
+  def theirs(lp):
+    tau = np.where(adv > 0, tau_pos, tau_neg)
+    return -adv * (4.0 / tau) * _sigmoid(tau * (np.exp(lp - old) - 1.0))
+
+  args = (jnp.asarray(old, jnp.float32), jnp.asarray(adv, jnp.float32), jnp.ones((3, 7)))
+  ours = lambda lp: sapo(lp, *args)[0]
+  lp32 = jnp.asarray(logp, jnp.float32)
+  tau = np.where(adv > 0, tau_pos, tau_neg)
+  np.testing.assert_allclose(ours(lp32) - adv * (2 / tau - 1), theirs(logp), rtol=1e-5, atol=1e-6)
+  h = 1e-6  # tokens are independent: one central difference per token, all at once
+  expected = (theirs(logp + h) - theirs(logp - h)) / (2 * h)
+  g = jax.grad(lambda lp: ours(lp).sum())(lp32)
+  np.testing.assert_allclose(g, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_gmpo_by_hand():
+  old = jnp.zeros((2, 3))
+  logp = jnp.array([[0.1, 0.6, -0.6], [0.5, -0.5, 9.0]])  # log ratios
+  mask = jnp.array([[1, 1, 1], [1, 1, 0]])
+  adv = jnp.array([1.0, -2.0])
+  loss, m = gmpo(logp, old, adv, mask)
+  # A > 0 clips log r from above at 0.4 only: (0.1, 0.4, -0.6). A < 0 from below: (0.5, -0.4).
+  s0, s1 = np.exp((0.1 + 0.4 - 0.6) / 3), np.exp((0.5 - 0.4) / 2)
+  np.testing.assert_allclose(loss, [[-s0] * 3, [2 * s1] * 3], rtol=1e-6)
+  np.testing.assert_allclose(m["clipfrac_high"], 1 / 5)
+  np.testing.assert_allclose(m["clipfrac_low"], 1 / 5)
+  # Seq-mean-token-mean is the mean of -A_i s_i; each unclipped token's gradient is
+  # -A_i s_i / |y_i| / N, clipped and masked tokens get none.
+  agg = lambda lp: aggregate(gmpo(lp, old, adv, mask)[0], mask, "seq-mean-token-mean")
+  np.testing.assert_allclose(agg(logp), (-s0 + 2 * s1) / 2, rtol=1e-6)
+  g = jax.grad(agg)(logp)
+  np.testing.assert_allclose(g, [[-s0 / 6, 0.0, -s0 / 6], [s1 / 2, 0.0, 0.0]], rtol=1e-6)
+
+
+def test_gmpo_matches_authors_on_random_inputs():
+  """callsys/GMPO@205b2bf train_zero_math_gmpo.py (and verl's geo_mean) per sequence:
+  sgn = -1 if A >= 0 else 1; d = log r; c = sgn * max(sgn d, clamp(sgn d, -eps, eps));
+  loss = -A exp(mean_t c), averaged over sequences. Values and finite-difference grads."""
+  rng = np.random.default_rng(1)
+  B, T = 3, 5
+  logp = -np.abs(rng.normal(size=(B, T)))
+  old = logp + 0.4 * rng.normal(size=(B, T))
+  mask = np.array([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 0, 1, 1, 0]], bool)
+  adv = np.array([0.7, -1.3, 0.0])
+
+  def theirs(lp):
+    losses = []
+    for i in range(B):
+      sgn = -1.0 if adv[i] >= 0 else 1.0
+      d = (lp[i] - old[i])[mask[i]]
+      c = sgn * np.maximum(sgn * d, np.clip(sgn * d, -0.4, 0.4))
+      losses.append(-adv[i] * np.exp(c.mean()))
+    return np.mean(losses)
+
+  old32, mask32 = jnp.asarray(old, jnp.float32), jnp.asarray(mask)
+  ours = lambda lp: aggregate(
+    gmpo(lp, old32, jnp.asarray(adv, jnp.float32), mask32)[0], mask32, "seq-mean-token-mean"
+  )
+  lp32 = jnp.asarray(logp, jnp.float32)
+  np.testing.assert_allclose(ours(lp32), theirs(logp), rtol=1e-5)
+  h, expected = 1e-6, np.zeros((B, T))
+  for i, t in np.ndindex(B, T):
+    e = np.zeros((B, T))
+    e[i, t] = h
+    expected[i, t] = (theirs(logp + e) - theirs(logp - e)) / (2 * h)
+  np.testing.assert_allclose(jax.grad(ours)(lp32), expected, rtol=1e-4, atol=1e-6)
+
+
+def test_gspo_token_gradient_by_hand():
+  """GSPO-token (Zheng et al., 2025, arXiv:2507.18071): with s_it = sg(s_i) pi_it / sg(pi_it),
+  the gradient of J = (1/G) sum_i (1/|y_i|) sum_t s_it A_it, unclipped, is
+  (1/G) sum_i s_i (1/|y_i|) sum_t A_it grad log pi_it."""
+  old = jnp.zeros((2, 3))
+  logp = jnp.array([[0.3, -0.1, 9.0], [0.01, 0.02, 0.0]])
+  mask = jnp.array([[1, 1, 0], [1, 1, 1]])
+  adv = jnp.array([[1.0, -0.5, 7.0], [-2.0, 0.5, 1.5]])  # per token
+  s = np.array([np.exp(0.2 / 2), np.exp(0.03 / 3)])
+  lengths = np.array([2.0, 3.0])
+
+  def agg(lp, a, **clip):
+    return aggregate(gspo(lp, old, a, mask, **clip)[0], mask, "seq-mean-token-mean")
+
+  wide = {"clip_low": 0.9, "clip_high": 10.0}
+  g = jax.grad(agg)(logp, adv, **wide)
+  expected = -np.asarray(adv) * (s / lengths / 2)[:, None] * np.asarray(mask)
+  np.testing.assert_allclose(g, expected, rtol=1e-6)
+  # The paper's ranges: s_0 = 1.105 is clipped for its positive token only (PPO's min),
+  # and s_1 = 1.01 for its positive tokens; negative-advantage tokens keep their gradient.
+  g = jax.grad(agg)(logp, adv)
+  keep = np.asarray(adv) < 0
+  np.testing.assert_allclose(g, np.where(keep, expected, 0.0), rtol=1e-6)
+  # Advantages equal along each row: GSPO-token is GSPO, in value and gradient.
+  adv_B = jnp.array([1.0, -2.0])
+  adv_BxT = jnp.broadcast_to(adv_B[:, None], (2, 3))
+  np.testing.assert_allclose(agg(logp, adv_BxT, **wide), agg(logp, adv_B, **wide), rtol=1e-6)
+  np.testing.assert_allclose(
+    jax.grad(agg)(logp, adv_BxT), jax.grad(agg)(logp, adv_B), rtol=1e-6, atol=1e-9
+  )

@@ -93,6 +93,9 @@ def _case_list():
     )
   for name in sorted(core.POLICY_LOSSES):
     cases.append((f"policy_loss[{name}]", functools.partial(_policy_case, name), "logp"))
+  for label, (name, kwargs) in sorted(POLICY_VARIANTS.items()):
+    case = functools.partial(_policy_case, name, **kwargs)
+    cases.append((f"policy_loss[{label}]", case, "logp"))
   for name in sorted(core.CORRECTIONS):
     cases.append((f"correction[{name}]", functools.partial(_correction_case, name), "old_logp"))
   cases.append(("staleness_metrics", _staleness_case, "scores"))
@@ -102,16 +105,32 @@ def _case_list():
   return cases
 
 
+# Settings an estimator or loss needs on this batch, beyond its defaults: pass@k's k must
+# be at most G = 2, and at k = 2 every group of 2 has advantage 0.
+GROUP_KWARGS = {"pass_at_k": {"k": 1}}
+# Extra settings to run: the covariance losses select many tokens across devices.
+POLICY_VARIANTS = {
+  "clip_cov_many": ("clip_cov", {"clip_cov_ratio": 0.2, "clip_cov_lb": -1.0, "clip_low": 0.2}),
+  "kl_cov_many": ("kl_cov", {"kl_cov_ratio": 0.3}),
+}
+
+
 def _group_case(name, b, ax):
   adv = core.group_advantages(
-    b["scores"], group_size=G, estimator=name, lengths=b["lengths"], axis_name=ax
+    b["scores"],
+    group_size=G,
+    estimator=name,
+    lengths=b["lengths"],
+    axis_name=ax,
+    **GROUP_KWARGS.get(name, {}),
   )
   return adv, ()
 
 
-def _policy_case(name, b, ax):
+def _policy_case(name, b, ax, **kwargs):
   adv_B = b["scores"]
-  return core.POLICY_LOSSES[name](b["logp"], b["old_logp"], adv_B, b["mask"], axis_name=ax)
+  loss_fn = core.POLICY_LOSSES[name]
+  return loss_fn(b["logp"], b["old_logp"], adv_B, b["mask"], axis_name=ax, **kwargs)
 
 
 def _correction_case(name, b, ax):

@@ -7,6 +7,7 @@ episode). Group estimators take one scalar score per sequence, with rows
 """
 
 import functools
+import math
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -270,32 +271,47 @@ def opo_advantages(scores_NxG, *, eps=1e-6, lengths_NxG=None, axis_name=None):
   return scores_NxG - baseline_Nx1
 
 
-def _no_success_probability(failures_Nx1, n, k):
-  """C(failures, k) / C(n, k): the chance that k of n samples drawn without replacement
-  are all failures, as the product over j < k of (failures - j) / (n - j)."""
-  j = jnp.arange(k, dtype=jnp.float32)
-  return jnp.prod(jnp.maximum(failures_Nx1 - j, 0.0) / (n - j), axis=-1, keepdims=True)
+def _pass_at_k_weights(G, k):
+  """Exact constants over sorted positions j = 1..G (ascending), from `math.comb`:
+
+  w_j = C(j-1, k-1) / C(G, k)     share of all k-subsets whose best is the j-th
+  v_j = C(j-1, k-1) / C(G-1, k-1) share of the k-subsets holding j whose best is j
+  u_j = C(j-2, k-2) / C(G-1, k-1) share of the k-subsets holding a given i < j whose
+                                  best is j
+  """
+  comb = lambda n, r: math.comb(n, r) if n >= 0 and r >= 0 else 0
+  total, holding_one = math.comb(G, k), math.comb(G - 1, k - 1)
+  positions = range(1, G + 1)
+  w = [comb(j - 1, k - 1) / total for j in positions]
+  v = [comb(j - 1, k - 1) / holding_one for j in positions]
+  u = [comb(j - 2, k - 2) / holding_one for j in positions]
+  return (jnp.asarray(x, jnp.float32) for x in (w, v, u))
 
 
 @register(GROUP_ESTIMATORS, "pass_at_k")
-def pass_at_k_advantages(
-  scores_NxG, *, eps=1e-6, lengths_NxG=None, axis_name=None, k=4, threshold=0.5
-):
+def pass_at_k_advantages(scores_NxG, *, eps=1e-6, lengths_NxG=None, axis_name=None, k=4):
   """Pass@k advantages, analytic form (Chen et al., 2025, "Pass@k Training for Adaptively
   Balancing Exploration and Exploitation of Large Reasoning Models", arXiv:2508.10751).
 
-  The reward of a k-subset of the group is its best sample's; over all C(G, k)
-  subsets, with c of the G samples correct and q = C(G - c, k) / C(G, k):
+  The reward of a k-subset of the group is its best sample's (pass@k: the expected
+  maximum reward of k samples). Over all C(G, k) subsets S, with mean R and
+  population std sigma of max_S, each sample's advantage is the mean over the
+  subsets that contain it:
 
-    R     = 1 - q,   sigma = sqrt(R (1 - R))                (mean and std of subset rewards)
+    A_i = (E[max_S r | i in S] - R) / (sigma + eps)
+
+  For binary rewards with c of the G samples correct, this is the paper's closed form:
+
+    R     = 1 - C(G-c, k) / C(G, k),   sigma = sqrt(R (1 - R))
     A_pos = (1 - R) / (sigma + eps)
     A_neg = (1 - R - C(G-c-1, k-1) / C(G-1, k-1)) / (sigma + eps)
 
-  each sample's advantage being the mean over the subsets that contain it. k = 1
-  is GRPO with the population std. A sample is correct when its score exceeds
-  `threshold` (binary rewards in {0, 1}). Groups with sigma = 0 (no correct sample,
-  or too few wrong ones to fill a k-subset) get 0. The binomial ratios are products
-  of k terms in float32, so they need no factorials. `k` must be a Python int in [1, G].
+  Computed for any rewards after sorting each group: the subsets whose best is the
+  j-th smallest number C(j-1, k-1) (ties are split by the sort, which leaves every
+  max_S and so every A_i unchanged), and the constants come from `math.comb` at
+  trace time, so they are exact. Groups with sigma = 0 (all equal, or for binary
+  rewards too few wrong samples to fill a k-subset) get 0. k = 1 is GRPO with the
+  population std. `k` must be a Python int in [1, G].
   """
   del lengths_NxG, axis_name
   G = scores_NxG.shape[-1]
@@ -304,17 +320,22 @@ def pass_at_k_advantages(
       f"pass_at_k needs an integer k with 1 <= k <= group_size={G}; got k={k}. "
       "Lower algo.estimator_kwargs' k or sample more completions per prompt."
     )
-  k = int(k)
-  correct_NxG = scores_NxG > threshold
-  c_Nx1 = jnp.sum(correct_NxG, axis=-1, keepdims=True, dtype=jnp.float32)
-  q_Nx1 = _no_success_probability(G - c_Nx1, G, k)
-  # A_neg's numerator 1 - R - q_neg = q - q_neg = -q_neg c / G, as q = q_neg (G - c) / G.
-  q_neg_Nx1 = _no_success_probability(G - c_Nx1 - 1.0, G - 1, k - 1)
-  sigma_Nx1 = jnp.sqrt(q_Nx1 * (1.0 - q_Nx1))
-  adv_pos_Nx1 = q_Nx1 / (sigma_Nx1 + eps)
-  adv_neg_Nx1 = -q_neg_Nx1 * (c_Nx1 / G) / (sigma_Nx1 + eps)
-  adv_NxG = jnp.where(correct_NxG, adv_pos_Nx1, adv_neg_Nx1)
-  return jnp.where(sigma_Nx1 > 0, adv_NxG, 0.0)
+  w_G, v_G, u_G = _pass_at_k_weights(G, int(k))
+  order_NxG = jnp.argsort(scores_NxG, axis=-1)
+  x_NxG = jnp.take_along_axis(scores_NxG, order_NxG, axis=-1)
+  # The advantages are shift-invariant. Measured from the group's best, the rewards of
+  # the subsets that cannot miss it (weight 0) drop out exactly: sigma = 0 comes out 0,
+  # and for binary rewards 1 - R is a sum of small weights, not a difference near 1.
+  x_NxG = x_NxG - x_NxG[:, -1:]
+  mean_Nx1 = jnp.sum(w_G * x_NxG, axis=-1, keepdims=True)
+  var_Nx1 = jnp.sum(w_G * jnp.square(x_NxG - mean_Nx1), axis=-1, keepdims=True)
+  above_NxG = u_G * x_NxG  # each sample's best when a larger one is in the subset
+  above_NxG = jnp.cumsum(above_NxG[:, ::-1], axis=-1)[:, ::-1] - above_NxG
+  best_NxG = v_G * x_NxG + above_NxG  # E[max_S | i in S], sorted order
+  sigma_Nx1 = jnp.sqrt(jnp.where(var_Nx1 > 0, var_Nx1, 1.0))  # finite gradient at var 0
+  adv_sorted_NxG = (best_NxG - mean_Nx1) / (sigma_Nx1 + eps)
+  adv_NxG = jnp.take_along_axis(adv_sorted_NxG, jnp.argsort(order_NxG, axis=-1), axis=-1)
+  return jnp.where(var_Nx1 > 0, adv_NxG, 0.0)
 
 
 def group_advantages(

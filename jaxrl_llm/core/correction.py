@@ -210,7 +210,6 @@ def staleness_metrics(versions_B, current_version, mask_B=None, axis_name=None):
   }
 
 
-
 def corrected_policy_loss(
   policy_loss,
   logp_BxT,

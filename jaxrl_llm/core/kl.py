@@ -75,7 +75,6 @@ def kl_k3_plus(logp, ref_logp):
   return _straight_through(kl_k3(logp, ref_logp), kl_k2(logp, ref_logp))
 
 
-
 def kl_penalty(logp, ref_logp, kind):
   """Per-token KL estimate by name: one of `KL_ESTIMATORS` (k1, abs, k2, k3, k1+, k3+)."""
   return lookup(KL_ESTIMATORS, kind, "KL estimator")(logp, ref_logp)

@@ -1,0 +1,156 @@
+"""The one door for extensions: registries chosen by name, their keyword arguments checked
+against the function, tasks and rewards by name, the host layers importing only `common`,
+the chain task, and runs that stop at a sample budget."""
+
+import ast
+import json
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from train_test import small_config
+
+from jaxrl_llm import core
+from jaxrl_llm.data import TASKS, ChainTask
+from jaxrl_llm.rewards import REWARDS, exact_match
+from jaxrl_llm.train.config import ConfigError, TrainConfig
+from jaxrl_llm.train.loop import train
+from jaxrl_llm.train.task import Task
+
+PACKAGE = Path(__file__).parents[1] / "jaxrl_llm"
+
+
+def test_builtins_are_registered_by_name():
+  assert {"ppo_clip", "gspo", "cispo", "sapo", "gmpo", "clip_cov", "kl_cov"} <= set(
+    core.POLICY_LOSSES
+  )
+  assert {"grpo", "dr_grpo", "rloo", "opo", "pass_at_k"} <= set(core.GROUP_ESTIMATORS)
+  assert set(core.TOKEN_ESTIMATORS) >= {"gae", "reinforce_plus_plus"}
+  assert (
+    core.TOKEN_ESTIMATORS["gae"].critic and not core.TOKEN_ESTIMATORS["reinforce_plus_plus"].critic
+  )
+  assert {"arithmetic", "countdown", "gsm8k", "chain"} <= set(TASKS)
+  assert {"exact_match", "math_verify", "countdown"} <= set(REWARDS)
+
+
+def test_kwargs_reach_the_function(tmp_path):
+  cfg = small_config(
+    tmp_path,
+    **{
+      "algo.policy_loss": "sapo",
+      "algo.policy_loss_kwargs": '{"tau_neg": 2.0}',
+      "algo.clip_low": 0.1,  # sapo takes no clip: not passed
+    },
+  )
+  assert cfg.policy_loss_kwargs() == {"tau_neg": 2.0}
+  cfg = small_config(
+    tmp_path, **{"algo.clip_high": 0.28, "algo.policy_loss_kwargs": '{"clip_high": 0.3}'}
+  )
+  assert cfg.policy_loss_kwargs() == {"clip_high": 0.3}  # the JSON object wins
+  cfg = small_config(tmp_path, **{"algo.estimator": "gae", "algo.estimator_kwargs": '{"lam": 0.5}'})
+  assert cfg.estimator_kwargs() == {"gamma": 1.0, "lam": 0.5} and cfg.uses_critic
+  cfg = small_config(
+    tmp_path, **{"algo.estimator": "pass_at_k", "algo.estimator_kwargs": '{"k": 2}'}
+  )
+  assert cfg.estimator_kwargs() == {"k": 2} and not cfg.uses_critic
+
+
+BAD = [
+  ('{"algo.policy_loss_kwargs": \'{"tau": 1}\'}', r"sets 'tau', which 'ppo_clip' does not take"),
+  ('{"algo.policy_loss_kwargs": "{tau: 1}"}', r"config.algo.policy_loss_kwargs=.* is not JSON"),
+  ('{"algo.estimator_kwargs": "[1, 2]"}', r"config.algo.estimator_kwargs=.* must be a JSON object"),
+  (
+    '{"algo.estimator": "gae", "algo.estimator_kwargs": \'{"k": 2}\'}',
+    r"it takes gamma, lam, whiten",
+  ),
+  ('{"algo.estimator": "best"}', r"config.algo.estimator='best' is unknown; choose one of .*gae"),
+  ('{"task.name": "sudoku"}', r"config.task.name='sudoku' is unknown; choose one of arithmetic"),
+  ('{"task.reward": "bleu"}', r"config.task.reward='bleu' is unknown; choose one of countdown"),
+  ('{"task.kwargs": "3"}', r"config.task.kwargs='3' must be a JSON object"),
+]
+
+
+@pytest.mark.parametrize("overrides, message", BAD)
+def test_bad_names_and_kwargs_name_the_key(tmp_path, overrides, message):
+  with pytest.raises(ConfigError, match=message):
+    small_config(tmp_path, **ast.literal_eval(overrides))
+
+
+def test_task_kwargs_reach_the_source_and_bad_ones_name_the_key(tmp_path):
+  cfg = small_config(
+    tmp_path, **{"task.name": "chain", "task.kwargs": '{"max_terms": 4}', "task.prompt_length": 12}
+  )
+  task = Task(cfg)
+  assert isinstance(task.spec, ChainTask) and task.spec.max_terms == 4
+  assert list(task.reward_fns) == ["exact_match"]  # the task's own reward
+  with pytest.raises(ConfigError, match=r"config.task.kwargs \(task 'chain'\): .*'terms'"):
+    Task(small_config(tmp_path, **{"task.name": "chain", "task.kwargs": '{"terms": 4}'}))
+  with pytest.raises(
+    ConfigError, match=r"config.task.kwargs \(task 'arithmetic'\).*leave config.task.kwargs empty"
+  ):
+    Task(small_config(tmp_path, **{"task.kwargs": '{"digits": 3}'}))
+  countdown = Task(small_config(tmp_path, **{"task.name": "countdown", "task.prompt_length": 16}))
+  assert list(countdown.reward_fns) == ["countdown"]
+
+
+def test_chain_task_examples_and_reward():
+  spec = ChainTask(digits=2, min_terms=2, max_terms=4)
+  train_set = spec.examples("train", 200, seed=3)
+  test_set = spec.examples("test", 50, seed=3)
+  assert train_set == spec.examples("train", 200, seed=3)  # deterministic
+  assert not {e["prompt"] for e in train_set} & {e["prompt"] for e in test_set}
+  assert {e["terms"] for e in train_set} == {2, 3, 4}
+  e = spec.example((47, 15, 23))
+  assert e == {
+    "prompt": "47+15+23=", "question": "47 + 15 + 23", "solution": "47+15=62,62+23=85",
+    "answer": "85", "terms": 3,
+  }  # fmt: skip
+  lengths = {n: len(spec.example((10,) * n)["solution"]) for n in (2, 3, 4)}
+  assert lengths == {2: 8, 3: 17, 4: 26}  # correct solutions grow with the terms
+  completions = ["47+15=62,62+23=85", "47+15=62", "47+15=62,62+23=84,84+1=85", "85", "47+15+23"]
+  assert exact_match(completions, [e] * 5) == [1.0, 0.0, 1.0, 1.0, 0.0]
+  assert set("".join(x["prompt"] + x["solution"] for x in train_set)) <= set(spec.alphabet)
+  with pytest.raises(ValueError, match="min_terms <= max_terms"):
+    ChainTask(min_terms=3, max_terms=2)
+
+
+def _imports(path: Path) -> set[str]:
+  names = set()
+  for node in ast.walk(ast.parse(path.read_text())):
+    if isinstance(node, ast.ImportFrom) and node.module:
+      names.add(node.module)
+    elif isinstance(node, ast.Import):
+      names.update(a.name for a in node.names)
+  return {n for n in names if n.startswith("jaxrl_llm")}
+
+
+@pytest.mark.parametrize(
+  "layer, forbidden",
+  [
+    ("data", ("jaxrl_llm.rewards", "jaxrl_llm.envs", "jaxrl_llm.models", "jaxrl_llm.train")),
+    ("rewards", ("jaxrl_llm.data", "jaxrl_llm.envs", "jaxrl_llm.models", "jaxrl_llm.train")),
+    ("envs", ("jaxrl_llm.data", "jaxrl_llm.rewards", "jaxrl_llm.models", "jaxrl_llm.train")),
+    ("common", ("jaxrl_llm.",)),
+  ],
+)
+def test_host_layers_do_not_import_each_other(layer, forbidden):
+  for path in sorted((PACKAGE / layer).glob("*.py")):
+    own = f"jaxrl_llm.{layer}"
+    bad = [m for m in _imports(path) if m.startswith(forbidden) and not m.startswith(own)]
+    assert not bad, f"{path.relative_to(PACKAGE)} imports {bad}"
+
+
+def test_runs_stop_at_the_sample_budget(tmp_path):
+  # 8 prompts x 4 samples = 32 completions a step: a budget of 70 is spent in the 3rd step
+  cfg = small_config(tmp_path, **{"run.steps": 10, "run.sample_budget": 70, "run.eval_every": 2})
+  summary = train(cfg)
+  assert summary["steps_run"] == 3 and summary["completions_sampled"] == 96
+  rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+  assert [r["step"] for r in rows] == [1, 2, 3]
+  assert sum(r["completions_sampled"] for r in rows) == 96
+  assert rows[-1]["heldout_accuracy"] == summary["heldout_accuracy_after"]  # evaluated at the end
+  record = json.loads((tmp_path / "run" / "summary.json").read_text())
+  assert record["steps"] == 10 and record["steps_run"] == 3
+  assert np.isfinite(summary["heldout_accuracy_after"])
+  assert isinstance(cfg, TrainConfig) and jnp.isfinite(jnp.asarray(rows[-1]["reward_mean"]))

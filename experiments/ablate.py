@@ -16,7 +16,6 @@ that).
 
 import argparse
 import concurrent.futures
-import dataclasses
 import datetime
 import json
 import math
@@ -29,140 +28,11 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from experiments import provenance
+from experiments import claims, provenance
+from experiments.suites import SMOKE, SUITES, Suite
 
 REPO = Path(__file__).resolve().parents[1]
 FINAL_FRACTION = 0.1  # "final" KL, entropy, lengths, clip fraction: the mean over the last 10%
-
-
-@dataclasses.dataclass(frozen=True)
-class TaskSpec:
-  description: str
-  overrides: dict  # config keys that define the task (on top of the suite's base config)
-  target: float  # held-out accuracy whose first crossing the report times
-  warm_steps: int = 300
-  warm_examples: int = 1024
-  steps: int | None = None  # None: the suite's
-
-
-@dataclasses.dataclass(frozen=True)
-class Suite:
-  description: str
-  methods: tuple[str, ...]
-  tasks: dict[str, TaskSpec]
-  steps: int
-  env: tuple = ()  # (name, value) pairs every run of the suite gets, e.g. its device count
-  base: str = "experiments/ablation/base.py"  # the warm start's config; the methods' base
-  config_arg: str = ""  # passed to every config file's get_config (`<file>.py:<arg>`)
-  sample_matched: bool = False  # every run stops at the same count of sampled completions
-
-  def config(self, path: str) -> str:
-    return f"{path}:{self.config_arg}" if self.config_arg else path
-
-  def steps_of(self, task: str) -> int:
-    return self.tasks[task].steps or self.steps
-
-
-SUITES = {
-  "grpo_vs_ppo": Suite(
-    description="PPO against GRPO and its descendants on synthetic arithmetic.",
-    methods=("ppo", "grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "gspo"),
-    tasks={
-      "add2": TaskSpec(
-        "2-digit addition, `47+15=` -> `62` (answers of 2-3 characters)",
-        {"task.digits": 2, "task.ops": "+"},
-        target=0.2,
-      ),
-      "add3": TaskSpec(
-        "3-digit addition, `471+158=` -> `629` (harder: answers of 3-4 characters, more carries)",
-        {"task.digits": 3, "task.ops": "+"},
-        target=0.2,
-        warm_steps=1000,
-        warm_examples=2048,
-      ),
-      "addsub": TaskSpec(
-        "2-digit `+` and `-`, `47-85=` -> `-38` (variable-length answers: 1-3 characters)",
-        {"task.digits": 2, "task.ops": "+-"},
-        target=0.2,
-        warm_steps=600,
-        warm_examples=2048,
-      ),
-    },
-    steps=600,
-  ),
-}
-
-SUITES["off_policy"] = Suite(
-  description="The default run (experiments/default.py: GRPO on 2-digit addition, 1500 steps) "
-  "on-policy, asynchronous one step off-policy with token TIS (the sampler on one device with "
-  "its own params copy, the trainer on the other), and sampling with top-p 0.9 with and "
-  "without token TIS against the sampler's log-probs. Every run has 2 CPU devices "
-  "(JAX_NUM_CPU_DEVICES=2): the synchronous methods use both for data parallelism.",
-  methods=("sync", "async_k1_tis", "top_p_none", "top_p_tis"),
-  tasks={
-    "default": TaskSpec(
-      "the default task, 2-digit addition, `47+15=` -> `62`, 4 new tokens at most",
-      {},
-      target=0.3,
-    )
-  },
-  steps=1500,
-  env=(("JAX_NUM_CPU_DEVICES", "2"),),
-  base="experiments/ablation/default_base.py",
-)
-
-V2_METHODS = (
-  "ppo", "grpo", "dr_grpo", "dapo", "dapo_no_ds", "rloo", "reinforce_pp", "gspo", "cispo",
-  "sapo", "gmpo",
-)  # fmt: skip
-SUITES["v2"] = Suite(
-  description="Ablation v2: PPO, GRPO, Dr. GRPO, DAPO (and DAPO without dynamic sampling), "
-  "RLOO, REINFORCE++, GSPO, CISPO, SAPO and GMPO from one warm-started policy per task, "
-  "sample-matched: every run stops once it has sampled as many completions as 32 prompts x "
-  "8 samples x the task's steps, so DAPO's dynamic-sampling rounds come out of its budget "
-  "and it takes fewer steps. Method settings: `experiments/ablation/<method>.py`, base "
-  "`experiments/ablation/v2_base.py`.",
-  methods=V2_METHODS,
-  tasks={
-    "chain": TaskSpec(
-      "chained addition with shown work, `47+15+23=` -> `47+15=62,62+23=85` (2-3 terms; "
-      "correct answers 8-17 characters, wrong ones up to the 24-token budget)",
-      {},
-      target=0.2,
-      warm_steps=1000,
-      warm_examples=2048,
-    ),
-    "add2": TaskSpec(
-      "2-digit addition, `47+15=` -> `62` (answers of 2-3 characters): the fast sanity task",
-      {
-        "task.name": "arithmetic",
-        "task.kwargs": "",
-        "task.prompt_length": 8,
-        "rollout.max_new_tokens": 8,
-        "run.sample_budget": 150 * 32 * 8,
-        "run.eval_every": 30,
-      },  # fmt: skip
-      target=0.2,
-      steps=150,
-    ),
-  },
-  steps=300,
-  base="experiments/ablation/base.py",
-  config_arg="v2",
-  sample_matched=True,
-)
-
-SMOKE = {  # 2 steps per method: checks the whole pipeline, measures nothing
-  "run.steps": 2,
-  "run.sample_budget": 0,
-  "run.eval_every": 1,
-  "run.eval_examples": 32,
-  "run.eval_batch_size": 32,
-  "rollout.prompts_per_step": 8,
-  "rollout.group_size": 4,
-  "task.train_examples": 256,
-  "checkpoint.every": 1,
-}
 
 
 def _flags(settings: dict) -> list[str]:
@@ -244,10 +114,24 @@ def _rows(workdir: Path) -> list[dict]:
   return [json.loads(line) for line in (workdir / "metrics.jsonl").open()]
 
 
-def _final(rows: list[dict], key: str) -> float | None:
-  tail = rows[-max(1, math.ceil(FINAL_FRACTION * len(rows))) :]
-  values = [r[key] for r in tail if r.get(key) is not None]
+def _final(rows: list[dict], key: str, first: bool = False) -> float | None:
+  """The mean of `key` over the last (`first`: the first) 10% of the steps."""
+  n = max(1, math.ceil(FINAL_FRACTION * len(rows)))
+  window = rows[:n] if first else rows[-n:]
+  values = [r[key] for r in window if r.get(key) is not None]
   return float(np.mean(values)) if values else None
+
+
+def _drawdown(accuracies) -> float:
+  """The largest fall of held-out accuracy below its best so far (0: it never fell)."""
+  acc = np.asarray(accuracies, float)
+  return float(np.max(np.maximum.accumulate(acc) - acc)) if len(acc) else 0.0
+
+
+def _variation(rows: list[dict], key: str) -> float | None:
+  """The coefficient of variation of `key` over the steps (std / mean)."""
+  values = np.array([r[key] for r in rows if r.get(key) is not None], float)
+  return float(values.std() / values.mean()) if len(values) > 1 and values.mean() else None
 
 
 def _downsample(steps, values, points: int = 60):
@@ -271,6 +155,13 @@ def collect_run(workdir: Path, target: float) -> dict:
   reached = next(((s, t) for s, a, t, _ in evals if a >= target), None)
   steps = np.array([r["step"] for r in rows])
   lengths = np.array([r["response_length_mean"] for r in rows], float)
+  curve = lambda key: [  # noqa: E731
+    list(x)
+    for x in zip(
+      *_downsample(steps, np.array([r.get(key, np.nan) for r in rows], float)), strict=True
+    )
+  ]
+  accuracies = [summary["heldout_accuracy_before"]] + [a for _, a, _, _ in evals]
   clip = [
     {"step": r["step"], "clipfrac": (r.get("clipfrac_low") or 0) + (r.get("clipfrac_high") or 0)}
     for r in rows
@@ -287,6 +178,17 @@ def collect_run(workdir: Path, target: float) -> dict:
     "eval_curve_samples": [[0, summary["heldout_accuracy_before"]]]
     + [[n, a] for _, a, _, n in evals if n],
     "length_curve": [list(x) for x in zip(*_downsample(steps, lengths), strict=True)],
+    "length_wrong_curve": curve("response_length_wrong"),
+    "entropy_curve": curve("entropy"),
+    "steps_run": len(rows),
+    "samples": int(sampled[-1]) if len(sampled) else 0,
+    "drawdown": _drawdown(accuracies),
+    "grad_norm_cv": _variation(rows, "grad_norm"),
+    "initial": {
+      "entropy": _final(rows, "entropy", first=True),
+      "length_correct": _final(rows, "response_length_correct", first=True),
+      "length_wrong": _final(rows, "response_length_wrong", first=True),
+    },
     "final": {
       "kl": _final(rows, "kl_ref_k3"),
       "entropy": _final(rows, "entropy"),
@@ -346,6 +248,8 @@ def plot(results: dict, suite: Suite, out: Path) -> list[str]:
       ("accuracy_time", "eval_curve_seconds", "training seconds", "held-out greedy accuracy"),
       ("accuracy_samples", "eval_curve_samples", "completions sampled", "held-out greedy accuracy"),
       ("length", "length_curve", "RL step", "mean response length (tokens, training samples)"),
+      ("length_wrong", "length_wrong_curve", "RL step", "length of wrong training samples"),
+      ("entropy", "entropy_curve", "RL step", "entropy per token (training samples)"),
     ):
       if not all(len(v.get(key) or ()) > 1 for v in results["runs"].values()):
         continue  # results from before the curve was recorded
@@ -371,6 +275,42 @@ def plot(results: dict, suite: Suite, out: Path) -> list[str]:
       plt.close(fig)
       files.append(name)
   return files
+
+
+def _dynamics_table(results: dict, suite: Suite, task: str) -> list[str]:
+  """Budget and training dynamics per method: what the claims below are decided on."""
+  lines = [
+    "",
+    "Budget and dynamics (means over seeds): optimizer steps taken and completions sampled; "
+    "entropy and the length of wrong samples over the first and the last 10% of steps; the "
+    "largest fall of held-out accuracy below its best so far; the coefficient of variation "
+    "of the gradient norm over steps.",
+    "",
+    "| method | steps | completions | entropy first → last | wrong length first → last "
+    "| drawdown | grad-norm CV |",
+    "|---|---|---|---|---|---|---|",
+  ]
+  for method in suite.methods:
+    runs = [v for k, v in results["runs"].items() if k.startswith(f"{task}/{method}/")]
+    m = {
+      key: mean_ci(get(r) for r in runs)[0]
+      for key, get in {
+        "steps": lambda r: r["steps_run"],
+        "samples": lambda r: r["samples"],
+        "h0": lambda r: r["initial"]["entropy"],
+        "h1": lambda r: r["final"]["entropy"],
+        "w0": lambda r: r["initial"]["length_wrong"],
+        "w1": lambda r: r["final"]["length_wrong"],
+        "drawdown": lambda r: r["drawdown"],
+        "cv": lambda r: r["grad_norm_cv"],
+      }.items()
+    }
+    lines.append(
+      f"| {method} | {_fmt(m['steps'], 0)} | {_fmt(m['samples'], 0)} | {_fmt(m['h0'])} → "
+      f"{_fmt(m['h1'])} | {_fmt(m['w0'], 2)} → {_fmt(m['w1'], 2)} | {_fmt(m['drawdown'])} "
+      f"| {_fmt(m['cv'])} |"
+    )
+  return lines + [""]
 
 
 def report(results: dict, suite: Suite, out: Path) -> Path:
@@ -421,6 +361,8 @@ def report(results: dict, suite: Suite, out: Path) -> Path:
         f"| {_fmt(final['kl'])} | {_fmt(final['entropy'])} | {_fmt(final['length_correct'], 2)} "
         f"| {_fmt(final['length_wrong'], 2)} | {_fmt(final['clipfrac'], 4)} |"
       )
+    if suite.claims:
+      lines += _dynamics_table(results, suite, task) + claims.section(results, task)
     lines += [""] + [f"![{name}]({name})" for name in plots if name.startswith(task + "_")] + [""]
   path = out / "report.md"
   path.write_text("\n".join(lines))

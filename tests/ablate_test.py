@@ -7,7 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from experiments import ablate
+from experiments import ablate, claims
+from experiments.suites import SUITES, Suite, TaskSpec
 
 
 def test_mean_ci_is_the_student_t_interval():
@@ -19,16 +20,17 @@ def test_mean_ci_is_the_student_t_interval():
   assert math.isnan(ablate.mean_ci([])[0])
 
 
-def _fake_run(workdir, accuracies, eval_every=2, lengths=(3.0, 5.0)):
+def _fake_run(workdir, accuracies, eval_every=2, lengths=(3.0, 5.0), wrong_growth=0.0):
   workdir.mkdir(parents=True)
   rows = []
   for step in range(1, 2 * len(accuracies) + 1):
     row = {
+      "grad_norm": 1.0 + step % 2,
       "step": step,
       "step_time_s": 0.5,
       "response_length_mean": 4.0 + step,
       "response_length_correct": lengths[0],
-      "response_length_wrong": lengths[1],
+      "response_length_wrong": lengths[1] + wrong_growth * step,
       "kl_ref_k3": 0.01 * step,
       "entropy": 1.0,
       "clipfrac_low": 0.01,
@@ -66,10 +68,10 @@ def test_downsample_keeps_window_means():
 
 
 def test_report_has_a_table_per_task_and_plots(tmp_path):
-  suite = ablate.Suite(
+  suite = Suite(
     "test suite",
     ("grpo", "ppo"),
-    {"t1": ablate.TaskSpec("task one", {}, target=0.2), "t2": ablate.TaskSpec("two", {}, 0.3)},
+    {"t1": TaskSpec("task one", {}, target=0.2), "t2": TaskSpec("two", {}, 0.3)},
     steps=10,
   )
   runs = {}
@@ -99,3 +101,84 @@ def test_report_has_a_table_per_task_and_plots(tmp_path):
   kinds = ("accuracy", "accuracy_time", "accuracy_samples", "length")
   for name in (f"{task}_{kind}.png" for task in ("t1", "t2") for kind in kinds):
     assert (out / name).stat().st_size > 1000 and f"({name})" in text
+
+
+def test_collect_run_records_the_dynamics_the_claims_need(tmp_path):
+  _fake_run(tmp_path / "r", [0.1, 0.3, 0.2, 0.4, 0.25], wrong_growth=0.5)
+  run = ablate.collect_run(tmp_path / "r", target=0.2)
+  assert run["drawdown"] == pytest.approx(0.4 - 0.25)  # the largest fall below the best so far
+  assert run["grad_norm_cv"] == pytest.approx(0.5 / 1.5)  # 1, 2, 1, 2, ...: std 0.5, mean 1.5
+  assert run["initial"]["length_wrong"] == pytest.approx(5.5)  # step 1 of 10
+  assert run["final"]["length_wrong"] == pytest.approx(10.0)  # step 10
+  assert (run["steps_run"], run["samples"]) == (10, 640)
+  assert run["length_wrong_curve"][-1] == [10, 10.0]
+
+
+def test_diff_ci_is_welchs_interval():
+  a, b = [1.0, 2.0, 3.0], [0.0, 0.0, 1.0, 1.0]
+  diff, half = claims.diff_ci(a, b)
+  va, vb = 1.0 / 3, (1 / 3) / 4
+  dof = (va + vb) ** 2 / (va**2 / 2 + vb**2 / 3)
+  assert diff == pytest.approx(1.5)
+  assert half == pytest.approx(claims._t975(dof) * math.sqrt(va + vb))
+  assert claims._t975(2) == pytest.approx(4.303) and claims._t975(1e9) == pytest.approx(1.96, 1e-3)
+  assert dof == pytest.approx(3.0) and claims._t975(dof) == pytest.approx(3.182)
+  assert 2.571 > claims._t975(5.5) > 2.447  # between the table's rows
+  assert claims.diff_ci([1.0], [0.0, 1.0]) == (0.5, None)
+  assert (claims.side(1.0, 0.5), claims.side(-1.0, 0.5), claims.side(0.2, 0.5)) == (1, -1, 0)
+
+
+def _claim_runs(task, values):
+  """results["runs"] from per-method lists of per-seed run dicts."""
+  return {f"{task}/{m}/{i}": run for m, runs in values.items() for i, run in enumerate(runs)}
+
+
+def _run(after=0.5, entropy=1.0, wrong=(5.0, 5.0), drawdown=0.1, cv=0.3):
+  return {
+    "after": after,
+    "drawdown": drawdown,
+    "grad_norm_cv": cv,
+    "initial": {"entropy": 1.0, "length_wrong": wrong[0], "length_correct": 3.0},
+    "final": {"entropy": entropy, "length_wrong": wrong[1], "length_correct": 3.0},
+  }
+
+
+def test_claims_are_decided_by_the_interval(tmp_path):
+  jitter = [0.0, 0.01, -0.01, 0.02, -0.02]
+  runs = _claim_runs(
+    "t",
+    {
+      "grpo": [_run(0.50 + j, 0.8 + j, (5.0, 8.0 + j), 0.20 + j, 0.5 + j) for j in jitter],
+      "dr_grpo": [_run(0.5 + j, 0.8, (5.0, 5.0 + j)) for j in jitter],
+      "dapo": [_run(0.40 + j) for j in jitter],
+      "dapo_no_ds": [_run(0.60 + j, 0.8 + j) for j in jitter],
+      "ppo": [_run(0.50 + 0.5 * j) for j in jitter],
+      "gspo": [_run(drawdown=0.05 + j) for j in jitter],
+      "sapo": [_run(cv=0.5 + 10 * j) for j in jitter],
+    },
+  )
+  verdicts = {row["name"]: row["verdict"] for row in claims.decide({"runs": runs}, "t")}
+  assert verdicts == {
+    "Dr. GRPO: length bias": claims.REPRODUCED,  # GRPO's wrong answers grew 3, Dr. GRPO's 0
+    "DAPO: clip-higher keeps entropy up": claims.INCONCLUSIVE,  # the same entropies
+    "DAPO: dynamic sampling helps, sample-matched": claims.NOT_REPRODUCED,  # 0.40 < 0.60
+    "PPO with a critic matches or beats GRPO": claims.REPRODUCED,  # within 0.05: matches
+    "GSPO is more stable than token-level GRPO": claims.REPRODUCED,  # drawdown 0.05 < 0.20
+    "SAPO is smoother than hard clipping": claims.INCONCLUSIVE,  # noisy: the interval holds 0
+  }
+  text = "\n".join(claims.section({"runs": runs}, "t"))
+  assert "GRPO minus Dr. GRPO +3.000" not in text and "GRPO minus Dr. GRPO +3.00 ±" in text
+  assert text.count("| **") == len(claims.CLAIMS)
+
+
+def test_v2_suite_is_sample_matched_and_covers_the_methods():
+  suite = SUITES["v2"]
+  assert suite.sample_matched and suite.claims and suite.config_arg == "v2"
+  new = {"ppo", "grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "gspo", "cispo", "sapo", "gmpo"}
+  assert new <= set(suite.methods)
+  assert {"chain", "add2"} == set(suite.tasks)
+  from experiments.ablation import v2_base
+
+  base = v2_base.get_config()
+  assert base.run.sample_budget == base.run.steps * 32 * 8 and base.task.name == "chain"
+  assert suite.tasks["add2"].overrides["run.sample_budget"] == suite.steps_of("add2") * 32 * 8

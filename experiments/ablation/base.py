@@ -15,11 +15,12 @@ from jaxrl_llm.train.config import default_config_dict
 
 
 def get_config(suite: str | None = None) -> ml_collections.ConfigDict:
-  """The `grpo_vs_ppo` base, or with `suite="v2"` (`--config <method>.py:v2`) the `v2` one."""
-  if suite == "v2":
+  """The `grpo_vs_ppo` base, or with `suite="v2"` (`--config <method>.py:v2`) the `v2` one,
+  or with `suite="smollm2"` v2's real-model slice."""
+  if suite in ("v2", "smollm2"):
     from experiments.ablation import v2_base
 
-    return v2_base.get_config()
+    return v2_base.get_config() if suite == "v2" else v2_base.smollm2_config()
   c = default_config_dict()
   c.model.update(hidden_size=64, intermediate_size=176, num_layers=2, num_heads=4, num_kv_heads=2)
   c.task.update(name="arithmetic", digits=2, ops="+", train_examples=4096, prompt_length=8)

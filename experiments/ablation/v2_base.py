@@ -10,6 +10,7 @@ steps of 32 prompts x 8 samples), so DAPO's extra dynamic-sampling rounds come o
 budget. Held-out greedy accuracy every 30 steps.
 """
 
+from experiments import smollm2_arithmetic
 from experiments.ablation import base
 
 STEPS = 300
@@ -22,4 +23,16 @@ def get_config():
   c.rollout.update(max_new_tokens=24)
   c.run.update(steps=STEPS, sample_budget=SAMPLES, eval_every=30)
   c.checkpoint.update(every=0)  # a run takes about a minute: a killed one starts over
+  return c
+
+
+def smollm2_config():
+  """The real-model slice (suite `v2_smollm2`): experiments/smollm2_arithmetic.py, the
+  SmolLM2-135M-Instruct recipe (lr 1e-5, temperature 0.7, chat template, 8 prompts x 8
+  samples, 40 steps), with the KL to the starting model logged for every method and every
+  run stopped at 40 x 64 completions. The method files then set their own algorithm."""
+  c = smollm2_arithmetic.get_config()
+  c.algo.update(track_kl=True)
+  c.run.update(sample_budget=c.run.steps * 8 * 8, eval_every=10, tensorboard=False)
+  c.checkpoint.update(every=0)
   return c

@@ -322,7 +322,12 @@ def report(results: dict, suite: Suite, out: Path) -> Path:
     suite.description,
     "",
     f"- Command: `{meta['command']}`",
-    f"- Machine: {meta['machine']}; code: commit {meta.get('commit', 'not recorded')}",
+    f"- Machine: {meta['machine']}; code: commit {meta.get('commit', 'not recorded')}"
+    + (
+      f" (results collected and reported at {meta['collected_by']})"
+      if "collected_by" in meta
+      else ""
+    ),
     f"- Seeds: {meta['seeds']}; {suite.steps if not meta['smoke'] else SMOKE['run.steps']} "
     f"RL steps per run; grid wall time {meta['wall_minutes']:.1f} min ({meta['jobs']} runs at a "
     "time).",
@@ -430,6 +435,8 @@ def main(argv=None) -> Path:
     if (old["seeds"], old["smoke"]) == (args.seeds, args.smoke):
       keep = ("command", "commit", "date", "wall_minutes", "jobs", "machine")
       meta |= {k: old[k] for k in keep if k in old}
+      if meta["commit"] != provenance.commit():  # the runs' code, and the report's
+        meta["collected_by"] = provenance.commit()
   results = {"meta": meta, "runs": collect(out, suite, args.seeds)}
   (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
   path = report(results, suite, out)

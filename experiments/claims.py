@@ -124,7 +124,7 @@ CLAIMS = (
   Claim(
     "Dr. GRPO: length bias",
     "Liu et al., 2025, arXiv:2503.20783",
-    "Under GRPO's 1/|o| normalisation wrong answers grow longer; under Dr. GRPO's they do not.",
+    "Under GRPO's 1/\\|o\\| normalisation wrong answers grow longer; under Dr. GRPO's they do not.",
     _dr_grpo,
     "GRPO here also has its k3 KL term (beta 0.04) and the std division; Dr. GRPO neither.",
   ),

@@ -111,11 +111,12 @@ SUITES["v2"] = Suite(
         "task.kwargs": "",
         "task.prompt_length": 8,
         "rollout.max_new_tokens": 8,
-        "run.sample_budget": 150 * 32 * 8,
+        "rewards.overlong_cache_tokens": 2,  # a quarter of the 8 tokens, as in grpo_vs_ppo
+        "run.sample_budget": 300 * 32 * 8,
         "run.eval_every": 30,
       },  # fmt: skip
       target=0.2,
-      steps=150,
+      steps=300,
     ),
   },
   steps=300,

@@ -21,6 +21,11 @@ def get_config():
   c = base.get_config()
   c.task.update(name="chain", digits=2, kwargs='{"min_terms": 2, "max_terms": 3}', prompt_length=9)
   c.rollout.update(max_new_tokens=24)
+  # DAPO's soft overlong zone (only DAPO weighs it): the last 3 of the 24 tokens, past the
+  # longest correct solution (`99+99=198,198+99=297` and EOS: 21 tokens), as in the paper,
+  # where the zone lies beyond the answers it wants. A quarter of the budget (6) would
+  # penalise correct 3-term solutions.
+  c.rewards.update(overlong_cache_tokens=3)
   c.run.update(steps=STEPS, sample_budget=SAMPLES, eval_every=30)
   c.checkpoint.update(every=0)  # a run takes about a minute: a killed one starts over
   return c

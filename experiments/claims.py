@@ -115,8 +115,12 @@ def _ppo_vs_grpo(get):
     f"final held-out accuracy: PPO {_mean(va):.3f}, GRPO {_mean(vb):.3f}; PPO minus GRPO "
     f"{_interval(*d)} (matching means an interval inside ±{MATCH_MARGIN})"
   )
-  if side(*d) > 0 or (d[1] is not None and abs(d[0]) + d[1] <= MATCH_MARGIN):
+  learned = [side(*diff_ci([r["after"] for r in runs], [r["before"] for r in runs]))
+             for runs in (get("ppo"), get("grpo"))]  # fmt: skip
+  if side(*d) > 0 or (d[1] is not None and abs(d[0]) + d[1] <= MATCH_MARGIN and max(learned) > 0):
     return REPRODUCED, evidence
+  if max(learned) <= 0:  # two runs that learned nothing match without telling anything
+    return INCONCLUSIVE, evidence + "; neither improved on the warm start"
   return (NOT_REPRODUCED if side(*d) < 0 else INCONCLUSIVE), evidence
 
 

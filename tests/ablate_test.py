@@ -133,8 +133,9 @@ def _claim_runs(task, values):
   return {f"{task}/{m}/{i}": run for m, runs in values.items() for i, run in enumerate(runs)}
 
 
-def _run(after=0.5, entropy=1.0, wrong=(5.0, 5.0), drawdown=0.1, cv=0.3):
+def _run(after=0.5, entropy=1.0, wrong=(5.0, 5.0), drawdown=0.1, cv=0.3, before=0.3):
   return {
+    "before": before,
     "after": after,
     "drawdown": drawdown,
     "grad_norm_cv": cv,
@@ -166,6 +167,10 @@ def test_claims_are_decided_by_the_interval(tmp_path):
     "GSPO is more stable than token-level GRPO": claims.REPRODUCED,  # drawdown 0.05 < 0.20
     "SAPO is smoother than hard clipping": claims.INCONCLUSIVE,  # noisy: the interval holds 0
   }
+  for i in range(5):  # PPO and GRPO that learned nothing "match" without telling anything
+    runs[f"t/ppo/{i}"]["before"] = runs[f"t/grpo/{i}"]["before"] = 0.5 + jitter[i]
+  rows = claims.decide({"runs": runs}, "t")
+  assert rows[3]["verdict"] == claims.INCONCLUSIVE and "neither improved" in rows[3]["evidence"]
   text = "\n".join(claims.section({"runs": runs}, "t"))
   assert "GRPO minus Dr. GRPO +3.000" not in text and "GRPO minus Dr. GRPO +3.00 ±" in text
   assert text.count("| **") == len(claims.CLAIMS)

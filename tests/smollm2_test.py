@@ -112,6 +112,7 @@ def test_sampled_logprobs_equal_teacher_forced_ones(smollm2):
 QUANTIZED = {"int8": (0.99, 0.01), "nf4": (0.4, 2.0)}  # (top-1 agreement >=, mean KL <=)
 
 
+@pytest.mark.real_model  # ~3 min: outside the main suite; CI runs it once (pytest -m real_model)
 def test_quantized_bases_stay_close_to_the_float_model(smollm2):
   path, model, _, ref = smollm2
   args = [jnp.asarray(ref[k]) for k in ("tokens", "positions", "mask")]

@@ -39,5 +39,5 @@ def smollm2_config():
   c = smollm2_arithmetic.get_config()
   c.algo.update(track_kl=True)
   c.run.update(sample_budget=c.run.steps * 8 * 8, eval_every=10, tensorboard=False)
-  c.checkpoint.update(every=0)
+  c.checkpoint.update(every=10, keep=2)  # a run takes ~25 min: a killed one resumes
   return c

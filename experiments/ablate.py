@@ -255,7 +255,7 @@ def plot(results: dict, suite: Suite, out: Path) -> list[str]:
         continue  # results from before the curve was recorded
       fig, ax = plt.subplots(figsize=(7, 4.2))
       for method in suite.methods:
-        curves = [v[key] for k, v in results["runs"].items() if k.startswith(f"{task}/{method}/")]
+        curves = [v[key] for v in claims.method_runs(results, task, method)]
         if not curves or not curves[0]:
           continue
         n = min(len(c) for c in curves)
@@ -291,7 +291,7 @@ def _dynamics_table(results: dict, suite: Suite, task: str) -> list[str]:
     "|---|---|---|---|---|---|---|",
   ]
   for method in suite.methods:
-    runs = [v for k, v in results["runs"].items() if k.startswith(f"{task}/{method}/")]
+    runs = claims.method_runs(results, task, method)
     m = {
       key: mean_ci(get(r) for r in runs)[0]
       for key, get in {
@@ -354,7 +354,7 @@ def report(results: dict, suite: Suite, out: Path) -> Path:
       "|---|---|---|---|---|---|---|---|---|",
     ]
     for method in suite.methods:
-      runs = [v for k, v in results["runs"].items() if k.startswith(f"{task}/{method}/")]
+      runs = claims.method_runs(results, task, method)
       acc, ci = mean_ci(r["after"] for r in runs)
       reached = [r for r in runs if r["steps_to_target"] is not None]
       steps = mean_ci(r["steps_to_target"] for r in reached)[0] if reached else None

@@ -188,11 +188,17 @@ CLAIMS = (
 )
 
 
+def method_runs(results: dict, task: str, method: str) -> list[dict]:
+  """The collected runs of `method` on `task`, one per seed (`results["runs"]` keys are
+  `<task>/<method>/<seed>`)."""
+  return [v for k, v in results["runs"].items() if k.startswith(f"{task}/{method}/")]
+
+
 def decide(results: dict, task: str) -> list[dict]:
   """Every claim's verdict and evidence on `task`."""
 
   def get(method):
-    return [v for k, v in results["runs"].items() if k.startswith(f"{task}/{method}/")]
+    return method_runs(results, task, method)
 
   out = []
   for claim in CLAIMS:

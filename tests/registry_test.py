@@ -154,3 +154,9 @@ def test_runs_stop_at_the_sample_budget(tmp_path):
   assert record["steps"] == 10 and record["steps_run"] == 3
   assert np.isfinite(summary["heldout_accuracy_after"])
   assert isinstance(cfg, TrainConfig) and jnp.isfinite(jnp.asarray(rows[-1]["reward_mean"]))
+
+
+def test_estimator_kwargs_may_set_the_group_estimators_eps(tmp_path):
+  # eps is also algo.adv_eps: the JSON object's value wins rather than colliding with it
+  summary = train(small_config(tmp_path, **{"algo.estimator_kwargs": '{"eps": 0.1}'}))
+  assert np.isfinite(summary["heldout_accuracy_after"])

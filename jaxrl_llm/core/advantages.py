@@ -22,6 +22,7 @@ __all__ = [
   "TOKEN_ESTIMATORS",
   "TokenEstimator",
   "dr_grpo_advantages",
+  "estimator_function",
   "gae",
   "group_advantages",
   "grpo_advantages",
@@ -64,6 +65,12 @@ def register_token_estimator(name: str, *, critic: bool = False):
     return fn
 
   return decorator
+
+
+def estimator_function(name: str) -> Callable:
+  """The function of the estimator `name`, token-level or group."""
+  token = TOKEN_ESTIMATORS.get(name)
+  return token.fn if token else lookup(GROUP_ESTIMATORS, name, "advantage estimator")
 
 
 class GaeCarry(NamedTuple):

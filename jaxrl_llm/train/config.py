@@ -368,8 +368,7 @@ class TrainConfig:
     """The chosen estimator's keyword arguments: gamma and lam where it takes them, then
     `algo.estimator_kwargs`."""
     a = self.algo
-    token = core.TOKEN_ESTIMATORS.get(a.estimator)
-    fn = token.fn if token else core.GROUP_ESTIMATORS[a.estimator]
+    fn = core.estimator_function(a.estimator)
     return _accepted(fn, {"gamma": a.gamma, "lam": a.lam}) | _json(a.estimator_kwargs)
 
   def task_kwargs(self) -> dict:

@@ -361,12 +361,12 @@ def _steps(job: _Job, producer, ckpt, writer, first: int) -> tuple:
   with Preemption(active=ckpt is not None) as preemption:
     for step in bar:
       metrics, notfinite = _iteration(job, producer, step, n_params)
-      job.summary["completions_sampled"] += metrics.get("completions_sampled", cfg.batch_size)
+      job.summary["completions_sampled"] += metrics["completions_sampled"]  # every producer's
       done = step + 1
       if cfg.run.eval_every and (done % cfg.run.eval_every == 0 or _budget_spent(job)):
         metrics["heldout_accuracy"] = job.evaluate()
-        last_eval = (step + 1, metrics["heldout_accuracy"])
-      writer.write(step + 1, metrics)
+        last_eval = (done, metrics["heldout_accuracy"])
+      writer.write(done, metrics)
       bar.set_postfix(reward=f"{metrics['reward_mean']:.3f}", acc=f"{metrics['accuracy']:.2f}")
       _stop_if_diverged(job, step, notfinite, writer, ckpt)
       if _checkpoint(job, ckpt, producer, done, preemption) or _budget_spent(job):

@@ -241,9 +241,8 @@ def make_experience(
       batch.scores_B,
       group_size=cfg.rollout.group_size,
       estimator=a.estimator,
-      eps=a.adv_eps,
       lengths=mask_BxN.sum(-1),
-      **cfg.estimator_kwargs(),
+      **({"eps": a.adv_eps} | cfg.estimator_kwargs()),  # estimator_kwargs' eps wins
     )
     adv = jnp.where(mask_BxN, adv_B[:, None], 0.0)
   exp = Experience(batch, old_logp, ref_logp, values, adv, returns, mask_BxN)

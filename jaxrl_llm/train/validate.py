@@ -83,8 +83,7 @@ def _algo(cfg: "TrainConfig") -> None:
   a, r = cfg.algo, cfg.rollout
   _known(a.estimator, core.GROUP_ESTIMATORS, "algo.estimator", core.TOKEN_ESTIMATORS)
   _known(a.policy_loss, core.POLICY_LOSSES, "algo.policy_loss")
-  token = core.TOKEN_ESTIMATORS.get(a.estimator)
-  estimator = token.fn if token else core.GROUP_ESTIMATORS[a.estimator]
+  estimator = core.estimator_function(a.estimator)
   _kwargs(a.estimator_kwargs, "algo.estimator_kwargs", estimator, a.estimator)
   _kwargs(a.policy_loss_kwargs, "algo.policy_loss_kwargs", core.POLICY_LOSSES[a.policy_loss],
           a.policy_loss)  # fmt: skip

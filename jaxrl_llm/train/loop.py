@@ -50,7 +50,7 @@ class _Job:
   task: Task
   learner: Learner
   test: list
-  peak_flops: float | None
+  peak: perf.Peak
   summary: dict
   sampler_mesh: Mesh | None = None  # async mode: the devices the rollouts run on
   episodes: episodes_lib.EpisodeRunner | None = None  # with config.env: plays episodes
@@ -222,7 +222,7 @@ def _setup(cfg: TrainConfig, devices, task: Task | None) -> tuple[_Job, dict]:
     log.warning("%s", note)
   peak = perf.peak_flops(cfg, mesh)  # first: nothing else is running yet
   if sampler is not None:  # MFU counts the sampler's devices too
-    peak *= (mesh.size + len(sampler)) / mesh.size
+    peak.flops *= (mesh.size + len(sampler)) / mesh.size
   task = Task(cfg) if task is None else task
   tok = task.tokenizer
   examples, dropped = _examples(task, cfg)
@@ -295,7 +295,7 @@ def _iteration(job: _Job, producer, step: int, n_params: int) -> tuple[dict, int
     "step_time_s": elapsed,
     "rollout_wait_s": waited,
     "tokens_per_s": perf.tokens_per_step(cfg, width) / elapsed,
-    "mfu": perf.mfu(flops, elapsed, job.peak_flops),
+    "mfu": job.peak.mfu(flops, elapsed),
     "skipped_updates": int(skipped),
   }
   return metrics, int(notfinite)

@@ -1,12 +1,16 @@
 """Throughput accounting: FLOPs of an iteration, peak FLOP/s for MFU, token counts."""
 
+import dataclasses
 import functools
+import logging
 import time
 
 import jax
 import jax.numpy as jnp
 
 from jaxrl_llm.train.config import TrainConfig
+
+log = logging.getLogger(__name__)
 
 # Dense bf16 peak FLOP/s per chip, from the vendors' data sheets.
 PEAK_FLOPS = {
@@ -41,16 +45,50 @@ def measured_cpu_flops(repeats: int = 7) -> float:
   return 2 * n**3 / min(times)
 
 
-def peak_flops(cfg: TrainConfig, mesh) -> float:
+@dataclasses.dataclass
+class Peak:
+  """The mesh's peak FLOP/s, the reference of MFU.
+
+  `measured`: timed on this host by `measured_cpu_flops`, not read from a data sheet or the
+  config. A measured peak can come out low (another process shared the cores while it was
+  timed); a step that then runs faster raises it to that step's rate, with a warning, rather
+  than stopping the run over a metric. A data-sheet or configured peak that a step beats is
+  wrong, and MFU refuses it.
+  """
+
+  flops: float
+  measured: bool
+
+  def mfu(self, flops: float, seconds: float) -> float:
+    """Model FLOPs utilisation of a step that ran `flops` in `seconds`."""
+    rate = flops / seconds
+    if rate > self.flops and self.measured:
+      log.warning(
+        "a step ran at %.1f GFLOP/s, above the %.1f GFLOP/s this host's matmuls were timed "
+        "at (the cores were shared then): MFU is measured against the faster rate from now "
+        "on; set config.run.peak_flops_per_device to fix the peak",
+        rate / 1e9,
+        self.flops / 1e9,
+      )
+      self.flops = rate
+    if rate > self.flops:
+      raise RuntimeError(
+        f"MFU came out at {100 * rate / self.flops:.0f}%: the peak of {self.flops / 1e9:.1f} "
+        f"GFLOP/s it is measured against is below the {rate / 1e9:.1f} GFLOP/s this step ran "
+        "at. Set config.run.peak_flops_per_device to the device's real peak."
+      )
+    return rate / self.flops
+
+
+def peak_flops(cfg: TrainConfig, mesh) -> Peak:
   """Peak FLOP/s of the whole mesh, for MFU."""
   if cfg.run.peak_flops_per_device:
-    per_device = cfg.run.peak_flops_per_device
-  else:
-    kind = jax.devices()[0].device_kind
-    per_device = next((v for k, v in PEAK_FLOPS.items() if kind.startswith(k)), None)
-    if per_device is None:
-      per_device = measured_cpu_flops() / len(jax.local_devices())
-  return per_device * mesh.size
+    return Peak(cfg.run.peak_flops_per_device * mesh.size, measured=False)
+  kind = jax.devices()[0].device_kind
+  per_device = next((v for k, v in PEAK_FLOPS.items() if kind.startswith(k)), None)
+  if per_device is not None:
+    return Peak(per_device * mesh.size, measured=False)
+  return Peak(measured_cpu_flops() / len(jax.local_devices()) * mesh.size, measured=True)
 
 
 def matmul_params(learner) -> int:
@@ -87,15 +125,3 @@ def iteration_flops(n: int, cfg: TrainConfig, prompt_length: int, rollouts) -> f
   policy_pass = 4 if cfg.lora.rank else 6
   passes = cfg.algo.ppo_epochs * (policy_pass + 6 * cfg.uses_critic)
   return 2 * n * (sampled + scored * forwards) + n * scored * passes
-
-
-def mfu(flops: float, seconds: float, peak: float) -> float:
-  """Model FLOPs utilisation; raises when it exceeds 1, which only a wrong peak can cause."""
-  value = flops / seconds / peak
-  if value > 1.0:
-    raise RuntimeError(
-      f"MFU came out at {100 * value:.0f}%: the peak of {peak / 1e9:.1f} GFLOP/s it is "
-      f"measured against is below the {flops / seconds / 1e9:.1f} GFLOP/s this step ran at. "
-      "Set config.run.peak_flops_per_device to the device's real peak."
-    )
-  return value

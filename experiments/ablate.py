@@ -330,7 +330,13 @@ def report(results: dict, suite: Suite, out: Path) -> Path:
     ),
     f"- Seeds: {meta['seeds']}; {suite.steps if not meta['smoke'] else SMOKE['run.steps']} "
     f"RL steps per run; grid wall time {meta['wall_minutes']:.1f} min ({meta['jobs']} runs at a "
-    "time).",
+    "time)"
+    + (
+      f", for the {meta['executed']} of {meta['grid']} runs this invocation ran (the others "
+      "were done by an earlier, interrupted one)."
+      if meta.get("executed", meta.get("grid")) != meta.get("grid")
+      else "."
+    ),
     f"- Generated {meta['date']} by `experiments/ablate.py` from `results.json`.",
     "" if not meta["smoke"] else "- **Smoke run**: 2 steps per method; the numbers mean nothing.",
     "",
@@ -428,12 +434,14 @@ def main(argv=None) -> Path:
     "commit": provenance.commit(),
     "date": datetime.date.today().isoformat(),
     "wall_minutes": (time.monotonic() - start) / 60,
+    "executed": executed,
+    "grid": len(grid),
   }
   previous = out / "results.json"
   if not executed and previous.exists():  # nothing ran: keep when and how the grid did run
     old = json.loads(previous.read_text())["meta"]
     if (old["seeds"], old["smoke"]) == (args.seeds, args.smoke):
-      keep = ("command", "commit", "date", "wall_minutes", "jobs", "machine")
+      keep = ("command", "commit", "date", "wall_minutes", "jobs", "machine", "executed")
       meta |= {k: old[k] for k in keep if k in old}
       if meta["commit"] != provenance.commit():  # the runs' code, and the report's
         meta["collected_by"] = provenance.commit()

@@ -13,6 +13,7 @@ from collections.abc import Callable
 import numpy as np
 
 REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE = "reproduced", "not reproduced", "inconclusive"
+NOT_MEASURED = "not measured"  # the suite lacks the claim's methods or fields
 MATCH_MARGIN = 0.05  # "matches": accuracies within this, the whole interval inside it
 
 
@@ -198,14 +199,17 @@ def decide(results: dict, task: str) -> list[dict]:
   """Every claim's verdict and evidence on `task`."""
 
   def get(method):
-    return method_runs(results, task, method)
+    runs = method_runs(results, task, method)
+    if not runs:
+      raise KeyError(method)
+    return runs
 
   out = []
   for claim in CLAIMS:
     try:
       verdict, evidence = claim.decide(get)
     except KeyError as e:  # results of a suite without the claim's methods or fields
-      verdict, evidence = INCONCLUSIVE, f"not measured ({e} missing)"
+      verdict, evidence = NOT_MEASURED, f"not measured ({e} missing)"
     out.append(dataclasses.asdict(claim) | {"verdict": verdict, "evidence": evidence})
   for row in out:
     row.pop("decide")
@@ -224,9 +228,13 @@ def section(results: dict, task: str) -> list[str]:
     "| claim | source | verdict | numbers that decide | caveat |",
     "|---|---|---|---|---|",
   ]
-  for row in decide(results, task):
+  rows = decide(results, task)
+  for row in (r for r in rows if r["verdict"] != NOT_MEASURED):
     lines.append(
       f"| {row['statement']} | {row['source']} | **{row['verdict']}** | {row['evidence']} "
       f"| {row['note']} |"
     )
+  missing = [r["name"] for r in rows if r["verdict"] == NOT_MEASURED]
+  if missing:
+    lines += ["", f"Not measured here (the suite lacks their methods): {'; '.join(missing)}."]
   return lines + [""]

@@ -101,6 +101,10 @@ def test_report_has_a_table_per_task_and_plots(tmp_path):
   kinds = ("accuracy", "accuracy_time", "accuracy_samples", "length")
   for name in (f"{task}_{kind}.png" for task in ("t1", "t2") for kind in kinds):
     assert (out / name).stat().st_size > 1000 and f"({name})" in text
+  assert "grid wall time 1.0 min (1 runs at a time)." in text
+  meta |= {"executed": 1, "grid": 8}  # an invocation that finished an interrupted grid
+  text = ablate.report({"meta": meta, "runs": runs}, suite, out).read_text()
+  assert "1.0 min (1 runs at a time), for the 1 of 8 runs this invocation ran" in text
 
 
 def test_collect_run_records_the_dynamics_the_claims_need(tmp_path):
@@ -174,6 +178,23 @@ def test_claims_are_decided_by_the_interval(tmp_path):
   text = "\n".join(claims.section({"runs": runs}, "t"))
   assert "GRPO minus Dr. GRPO +3.000" not in text and "GRPO minus Dr. GRPO +3.00 ±" in text
   assert text.count("| **") == len(claims.CLAIMS)
+
+
+def test_claims_of_methods_a_suite_lacks_are_listed_as_not_measured():
+  """The real-model slice runs 4 methods: the claims about GSPO, SAPO and DAPO's control
+  are named as not measured, not given a verdict."""
+  runs = _claim_runs("t", {m: [_run(), _run(0.52)] for m in ("grpo", "dr_grpo", "dapo", "ppo")})
+  verdicts = {row["name"]: row["verdict"] for row in claims.decide({"runs": runs}, "t")}
+  lacking = {
+    "DAPO: clip-higher keeps entropy up",
+    "DAPO: dynamic sampling helps, sample-matched",
+    "GSPO is more stable than token-level GRPO",
+    "SAPO is smoother than hard clipping",
+  }
+  assert {k for k, v in verdicts.items() if v == claims.NOT_MEASURED} == lacking
+  text = "\n".join(claims.section({"runs": runs}, "t"))
+  assert text.count("| **") == 2
+  assert all(name in text.split("Not measured here")[1] for name in lacking)
 
 
 def test_v2_suite_is_sample_matched_and_covers_the_methods():

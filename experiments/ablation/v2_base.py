@@ -35,7 +35,7 @@ def get_config():
 def smollm2_config():
   """The real-model slice (suite `v2_smollm2`): experiments/smollm2_arithmetic.py, the
   SmolLM2-135M-Instruct recipe (lr 1e-5, temperature 0.7, chat template, 8 prompts x 8
-  samples), cut to SMOLLM2_STEPS steps so that 4 methods x 3 seeds fit in about two hours
+  samples), cut to SMOLLM2_STEPS steps so that 4 methods x 3 seeds fit in about an hour
   on 2 CPU cores (the recipe's held-out accuracy is at 0.61 by step 10 of its 40), with the
   KL to the starting model logged for every method, held-out accuracy on 128 questions
   every 8 steps, and every run stopped at SMOLLM2_STEPS x 64 completions. The method files
@@ -49,5 +49,5 @@ def smollm2_config():
     eval_examples=128,
     tensorboard=False,
   )
-  c.checkpoint.update(every=8, keep=2)  # a run takes ~10 min: a killed one resumes
+  c.checkpoint.update(every=8, keep=2)  # a run takes ~9 min beside another: a killed one resumes
   return c

@@ -334,7 +334,7 @@ def report(results: dict, suite: Suite, out: Path) -> Path:
     + (
       f", for the {meta['executed']} of {meta['grid']} runs this invocation ran (the others "
       "were done by an earlier, interrupted one)."
-      if meta.get("executed", meta.get("grid")) != meta.get("grid")
+      if meta.get("executed") is not None and meta["executed"] < meta["grid"]
       else "."
     ),
     f"- Generated {meta['date']} by `experiments/ablate.py` from `results.json`.",
@@ -441,8 +441,8 @@ def main(argv=None) -> Path:
   if not executed and previous.exists():  # nothing ran: keep when and how the grid did run
     old = json.loads(previous.read_text())["meta"]
     if (old["seeds"], old["smoke"]) == (args.seeds, args.smoke):
-      keep = ("command", "commit", "date", "wall_minutes", "jobs", "machine", "executed")
-      meta |= {k: old[k] for k in keep if k in old}
+      keep = ("command", "commit", "date", "wall_minutes", "jobs", "machine")
+      meta |= {k: old[k] for k in keep if k in old} | {"executed": old.get("executed")}
       if meta["commit"] != provenance.commit():  # the runs' code, and the report's
         meta["collected_by"] = provenance.commit()
   results = {"meta": meta, "runs": collect(out, suite, args.seeds)}

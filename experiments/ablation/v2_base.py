@@ -44,7 +44,7 @@ def smollm2_config():
   c.algo.update(track_kl=True)
   c.run.update(
     steps=SMOLLM2_STEPS,
-    sample_budget=SMOLLM2_STEPS * 8 * 8,
+    sample_budget=SMOLLM2_STEPS * c.rollout.prompts_per_step * c.rollout.group_size,
     eval_every=8,
     eval_examples=128,
     tensorboard=False,

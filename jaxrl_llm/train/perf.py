@@ -62,7 +62,14 @@ class Peak:
   def mfu(self, flops: float, seconds: float) -> float:
     """Model FLOPs utilisation of a step that ran `flops` in `seconds`."""
     rate = flops / seconds
-    if rate > self.flops and self.measured:
+    if rate > self.flops:
+      if not self.measured:
+        raise RuntimeError(
+          f"MFU came out at {100 * rate / self.flops:.0f}%: the peak of "
+          f"{self.flops / 1e9:.1f} GFLOP/s it is measured against is below the "
+          f"{rate / 1e9:.1f} GFLOP/s this step ran at. Set config.run.peak_flops_per_device "
+          "to the device's real peak."
+        )
       log.warning(
         "a step ran at %.1f GFLOP/s, above the %.1f GFLOP/s this host's matmuls were timed "
         "at (the cores were shared then): MFU is measured against the faster rate from now "
@@ -71,12 +78,6 @@ class Peak:
         self.flops / 1e9,
       )
       self.flops = rate
-    if rate > self.flops:
-      raise RuntimeError(
-        f"MFU came out at {100 * rate / self.flops:.0f}%: the peak of {self.flops / 1e9:.1f} "
-        f"GFLOP/s it is measured against is below the {rate / 1e9:.1f} GFLOP/s this step ran "
-        "at. Set config.run.peak_flops_per_device to the device's real peak."
-      )
     return rate / self.flops
 
 

@@ -162,7 +162,7 @@ def test_restore_onto_another_mesh_shape(tmp_path):
   eight = train(cfg8)
   assert eight["resumed_from"] == 1
   assert_bitwise_equal(params(eight), saved1)
-  embed = eight["learner"].state.policy["decoder"]["embed_VxD"].value
+  embed = eight["learner"].state.policy["decoder"]["embed_VxD"][...]
   assert embed.sharding.mesh.shape == {"data": 4, "fsdp": 2, "tensor": 1}
   assert len(embed.addressable_shards) == 8
 

@@ -220,9 +220,8 @@ def _setup(cfg: TrainConfig, devices, task: Task | None) -> tuple[_Job, dict]:
     )
   for note in advice(cfg):
     log.warning("%s", note)
-  peak = perf.peak_flops(cfg, mesh)  # first: nothing else is running yet
-  if sampler is not None:  # MFU counts the sampler's devices too
-    peak.flops *= (mesh.size + len(sampler)) / mesh.size
+  # First, while nothing else runs; MFU counts the async sampler's devices too.
+  peak = perf.peak_flops(cfg, mesh.size + (len(sampler) if sampler is not None else 0))
   task = Task(cfg) if task is None else task
   tok = task.tokenizer
   examples, dropped = _examples(task, cfg)

@@ -81,15 +81,15 @@ class Peak:
     return rate / self.flops
 
 
-def peak_flops(cfg: TrainConfig, mesh) -> Peak:
-  """Peak FLOP/s of the whole mesh, for MFU."""
-  if cfg.run.peak_flops_per_device:
-    return Peak(cfg.run.peak_flops_per_device * mesh.size, measured=False)
-  kind = jax.devices()[0].device_kind
-  per_device = next((v for k, v in PEAK_FLOPS.items() if kind.startswith(k)), None)
-  if per_device is not None:
-    return Peak(per_device * mesh.size, measured=False)
-  return Peak(measured_cpu_flops() / len(jax.local_devices()) * mesh.size, measured=True)
+def peak_flops(cfg: TrainConfig, n_devices: int) -> Peak:
+  """Peak FLOP/s of `n_devices` devices (the mesh's, and the sampler's in async mode)."""
+  per_device, measured = cfg.run.peak_flops_per_device, False
+  if not per_device:
+    kind = jax.devices()[0].device_kind
+    per_device = next((v for k, v in PEAK_FLOPS.items() if kind.startswith(k)), None)
+  if not per_device:
+    per_device, measured = measured_cpu_flops() / len(jax.local_devices()), True
+  return Peak(per_device * n_devices, measured)
 
 
 def matmul_params(learner) -> int:

@@ -200,10 +200,10 @@ def collect_run(workdir: Path, target: float) -> dict:
   }
 
 
-def collect(out: Path, suite: Suite, seeds: int) -> dict:
+def collect(out: Path, suite: Suite, seeds: int, methods=None) -> dict:
   runs = {}
   for task, spec in suite.tasks.items():
-    for method in suite.methods:
+    for method in methods or suite.methods:
       for seed in range(seeds):
         workdir = out / "runs" / task / method / f"seed{seed}"
         runs[f"{task}/{method}/{seed}"] = collect_run(workdir, spec.target)
@@ -211,8 +211,6 @@ def collect(out: Path, suite: Suite, seeds: int) -> dict:
 
 
 # ----------------------------------------------------------------------------- report
-
-T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 
 
 def mean_ci(values) -> tuple[float, float | None]:
@@ -222,7 +220,7 @@ def mean_ci(values) -> tuple[float, float | None]:
     return math.nan, None
   if len(values) == 1:
     return float(values[0]), None
-  t = T_975.get(len(values) - 1, 1.96 + 2.4 / (len(values) - 1))
+  t = claims._t975(len(values) - 1)
   return float(values.mean()), float(t * values.std(ddof=1) / math.sqrt(len(values)))
 
 
@@ -337,6 +335,11 @@ def report(results: dict, suite: Suite, out: Path) -> Path:
       if meta.get("executed") is not None and meta["executed"] < meta["grid"]
       else "."
     ),
+    *[
+      f"- Rerun: {', '.join(r['methods'])} at commit {r['commit']} ({r['date']}, "
+      f"{r['machine']}; `{r['command']}`, {r['wall_minutes']:.1f} min): {r['why']}"
+      for r in meta.get("reruns", [])
+    ],
     f"- Generated {meta['date']} by `experiments/ablate.py` from `results.json`.",
     "" if not meta["smoke"] else "- **Smoke run**: 2 steps per method; the numbers mean nothing.",
     "",
@@ -380,6 +383,35 @@ def report(results: dict, suite: Suite, out: Path) -> Path:
   return path
 
 
+def merged(previous: Path, meta: dict, fresh: dict, methods, why: str) -> dict:
+  """The grid's results with `methods`' cells replaced by `fresh` ones, the rerun recorded.
+
+  Every fresh cell must start where the cells it joins started (the same warm-started
+  held-out accuracy per task and seed), or the grid would compare runs from different
+  policies: then it stops, and the whole grid is the thing to rerun."""
+  if not previous.exists():
+    raise SystemExit(f"--methods replaces cells of {previous}, which does not exist; run the grid.")
+  results = json.loads(previous.read_text())
+  if (results["meta"]["seeds"], results["meta"]["smoke"]) != (meta["seeds"], meta["smoke"]):
+    raise SystemExit(f"--methods: {previous} holds another grid (seeds, smoke); run it whole.")
+  starts = {}
+  for key, run in results["runs"].items():
+    task, _, seed = key.split("/")
+    starts.setdefault((task, seed), run["before"])
+  for key, run in fresh.items():
+    task, _, seed = key.split("/")
+    if (task, seed) in starts and run["before"] != starts[(task, seed)]:
+      raise SystemExit(
+        f"--methods: {key} starts from held-out accuracy {run['before']}, the grid's cells of "
+        f"{task} seed {seed} from {starts[(task, seed)]}: not the same warm-started policy. "
+        "Rerun the whole grid."
+      )
+  results["runs"] |= fresh
+  rerun = {k: meta[k] for k in ("command", "commit", "date", "machine", "wall_minutes")}
+  results["meta"].setdefault("reruns", []).append(rerun | {"methods": list(methods), "why": why})
+  return results
+
+
 # ----------------------------------------------------------------------------- main
 
 
@@ -391,10 +423,23 @@ def main(argv=None) -> Path:
   parser.add_argument("--smoke", action="store_true", help="2 steps per method (CI)")
   parser.add_argument("--out", type=Path, default=None, help="default experiments/results/<suite>")
   parser.add_argument("--report-only", action="store_true", help="rewrite the report from results")
+  parser.add_argument(
+    "--methods",
+    default="",
+    help="comma-separated: rerun only these methods' cells and replace them in the existing "
+    "results.json (the others' runs need not be on disk); with --why",
+  )
+  parser.add_argument("--why", default="", help="with --methods: why they were rerun (reported)")
   args = parser.parse_args(argv)
   if args.seeds < 1 or args.jobs < 1:
     parser.error("--seeds and --jobs must be >= 1")
   suite = SUITES[args.suite]
+  methods = tuple(m for m in args.methods.split(",") if m)
+  unknown = sorted(set(methods) - set(suite.methods))
+  if unknown:
+    parser.error(f"--methods: {', '.join(unknown)} not in suite {args.suite!r} ({suite.methods})")
+  if methods and not args.why:
+    parser.error("--methods needs --why: the report says why those cells were rerun")
   out = (args.out or REPO / "experiments" / "results" / args.suite).resolve()
   out.mkdir(parents=True, exist_ok=True)
   if args.report_only:
@@ -409,7 +454,8 @@ def main(argv=None) -> Path:
     for name in suite.tasks:
       policies[name] = warm_start(out, suite, name, args.smoke)
       bar.update()
-  grid = [(t, m, s) for t in suite.tasks for m in suite.methods for s in range(args.seeds)]
+  cells = methods or suite.methods
+  grid = [(t, m, s) for t in suite.tasks for m in cells for s in range(args.seeds)]
   with (
     concurrent.futures.ThreadPoolExecutor(args.jobs) as pool,
     tqdm(total=len(grid), desc=f"{args.suite} grid", unit="run") as bar,
@@ -438,6 +484,12 @@ def main(argv=None) -> Path:
     "grid": len(grid),
   }
   previous = out / "results.json"
+  if methods:
+    results = merged(previous, meta, collect(out, suite, args.seeds, methods), methods, args.why)
+    (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    path = report(results, suite, out)
+    print(f"report: {path}")
+    return path
   if not executed and previous.exists():  # nothing ran: keep when and how the grid did run
     old = json.loads(previous.read_text())["meta"]
     if (old["seeds"], old["smoke"]) == (args.seeds, args.smoke):

@@ -3,7 +3,12 @@
 A claim compares two methods over seeds: the difference of their means and the half-width
 of its 95% Welch interval. It is *reproduced* when the interval lies on the claimed side of
 zero, *not reproduced* when it lies on the other side, and *inconclusive at this scale*
-when it straddles zero. Every number a verdict rests on is printed beside it.
+when it straddles zero. The same guard holds for every claim: when neither method's final
+held-out accuracy is above its warm start (the interval of after - before above zero), the
+two runs learned nothing and the claim is inconclusive whatever the comparison says. A
+claim about a behaviour the runs do not show (Dr. GRPO's, when no method's wrong answers
+grow) is *not testable here*. Every number a verdict rests on is printed beside it, with the
+completions each method sampled.
 """
 
 import dataclasses
@@ -11,8 +16,10 @@ import math
 from collections.abc import Callable
 
 import numpy as np
+from scipy import stats
 
 REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE = "reproduced", "not reproduced", "inconclusive"
+NOT_TESTABLE = "not testable here"  # the runs do not show the behaviour the claim is about
 NOT_MEASURED = "not measured"  # the suite lacks the claim's methods or fields
 MATCH_MARGIN = 0.05  # "matches": accuracies within this, the whole interval inside it
 
@@ -31,16 +38,8 @@ def diff_ci(a, b) -> tuple[float, float | None]:
 
 
 def _t975(dof: float) -> float:
-  """The 0.975 quantile of Student's t, interpolated in 1/dof from a table (error < 0.3%)."""
-  table = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 8: 2.306, 10: 2.228,
-           15: 2.131, 20: 2.086, 30: 2.042, 60: 2.000, math.inf: 1.960}  # fmt: skip
-  keys = sorted(table)
-  dof = max(dof, 1.0)
-  for lo, hi in zip(keys, keys[1:], strict=False):
-    if lo <= dof <= hi:
-      w = (1 / lo - 1 / dof) / (1 / lo - (0 if hi == math.inf else 1 / hi))
-      return table[lo] + w * (table[hi] - table[lo])
-  return 1.960
+  """The 0.975 quantile of Student's t with `dof` (possibly fractional) degrees of freedom."""
+  return float(stats.t.ppf(0.975, dof))
 
 
 def side(diff: float, half: float | None) -> int:
@@ -55,6 +54,7 @@ class Claim:
   name: str
   source: str
   statement: str
+  methods: tuple[str, str]  # the two methods compared
   decide: Callable  # (per-method accessor) -> (verdict, evidence text)
   note: str = ""
 
@@ -78,19 +78,17 @@ def _growth(runs, key):
 
 
 def _dr_grpo(get):
+  """Comparative, as the paper's claim is: GRPO's wrong answers grow more than Dr. GRPO's."""
   grpo, dr = _growth(get("grpo"), "length_wrong"), _growth(get("dr_grpo"), "length_wrong")
-  g = diff_ci(grpo, [0.0] * len(grpo)) if len(grpo) > 1 else (math.nan, None)
+  g, r = (diff_ci(x, [0.0] * len(x)) if len(x) > 1 else (_mean(x), None) for x in (grpo, dr))
   d = diff_ci(grpo, dr)
   evidence = (
     f"growth of wrong-answer length (last 10% of steps minus first 10%, tokens): GRPO "
-    f"{_interval(*g, 2)}, Dr. GRPO {_interval(*diff_ci(dr, [0.0] * len(dr)), 2)}; "
-    f"GRPO minus Dr. GRPO {_interval(*d, 2)}"
+    f"{_interval(*g, 2)}, Dr. GRPO {_interval(*r, 2)}; GRPO minus Dr. GRPO {_interval(*d, 2)}"
   )
-  if side(*g) > 0 and side(*d) > 0:
-    return REPRODUCED, evidence
-  if side(*g) < 0 or side(*d) < 0:
-    return NOT_REPRODUCED, evidence
-  return INCONCLUSIVE, evidence
+  if side(*g) <= 0 and side(*r) <= 0:  # the bias is about growth; here none is shown
+    return NOT_TESTABLE, evidence + "; neither method's wrong answers grew"
+  return {1: REPRODUCED, -1: NOT_REPRODUCED, 0: INCONCLUSIVE}[side(*d)], evidence
 
 
 def _higher(metric, a, b, label, digits=3, lower_is_claimed=False):
@@ -116,20 +114,33 @@ def _ppo_vs_grpo(get):
     f"final held-out accuracy: PPO {_mean(va):.3f}, GRPO {_mean(vb):.3f}; PPO minus GRPO "
     f"{_interval(*d)} (matching means an interval inside ±{MATCH_MARGIN})"
   )
-  learned = [side(*diff_ci([r["after"] for r in runs], [r["before"] for r in runs]))
-             for runs in (get("ppo"), get("grpo"))]  # fmt: skip
-  if side(*d) > 0 or (d[1] is not None and abs(d[0]) + d[1] <= MATCH_MARGIN and max(learned) > 0):
+  if side(*d) > 0 or (d[1] is not None and abs(d[0]) + d[1] <= MATCH_MARGIN):
     return REPRODUCED, evidence
-  if max(learned) <= 0:  # two runs that learned nothing match without telling anything
-    return INCONCLUSIVE, evidence + "; neither improved on the warm start"
   return (NOT_REPRODUCED if side(*d) < 0 else INCONCLUSIVE), evidence
+
+
+def gain(runs) -> tuple[float, float | None]:
+  """Final minus warm-start held-out accuracy over seeds: mean and 95% half-width."""
+  gains = [r["after"] - r["before"] for r in runs]
+  return diff_ci(gains, [0.0] * len(gains)) if len(gains) > 1 else (_mean(gains), None)
+
+
+def _budgets(get, methods) -> str:
+  """The completions each method sampled (every seed's, when they differ)."""
+  parts = []
+  for m in methods:
+    counts = sorted({r["samples"] for r in get(m) if r.get("samples") is not None})
+    if counts:
+      parts.append(f"{m} {'/'.join(f'{n:,}' for n in counts)}")
+  return f"; completions sampled: {', '.join(parts)}" if parts else ""
 
 
 CLAIMS = (
   Claim(
     "Dr. GRPO: length bias",
     "Liu et al., 2025, arXiv:2503.20783",
-    "Under GRPO's 1/\\|o\\| normalisation wrong answers grow longer; under Dr. GRPO's they do not.",
+    "Under GRPO's 1/\\|o\\| normalisation wrong answers grow longer than under Dr. GRPO's.",
+    ("grpo", "dr_grpo"),
     _dr_grpo,
     "GRPO here also has its k3 KL term (beta 0.04) and the std division; Dr. GRPO neither.",
   ),
@@ -137,6 +148,7 @@ CLAIMS = (
     "DAPO: clip-higher keeps entropy up",
     "Yu et al., 2025, arXiv:2503.14476",
     "With clip-higher (0.2 / 0.28) entropy stays higher than with GRPO's symmetric clip.",
+    ("dapo_no_ds", "grpo"),
     _higher(lambda r: r["final"]["entropy"], "dapo_no_ds", "grpo", "final entropy per token"),
     "dapo_no_ds differs from grpo in more than the clip: token-mean aggregation, no KL, the "
     "overlong penalty; the comparison is not of the clip alone.",
@@ -146,6 +158,7 @@ CLAIMS = (
     "Yu et al., 2025, arXiv:2503.14476",
     "At an equal number of sampled completions, DAPO with dynamic sampling ends more accurate "
     "than without.",
+    ("dapo", "dapo_no_ds"),
     _higher(lambda r: r["after"], "dapo", "dapo_no_ds", "final held-out accuracy"),
     "Both runs stop at the same count of sampled completions; dynamic sampling's extra "
     "rounds come out of DAPO's budget, so it takes fewer optimizer steps.",
@@ -155,6 +168,7 @@ CLAIMS = (
     "VAPO, Yue et al., 2025, arXiv:2504.05118; Open-Reasoner-Zero, Hu et al., 2025, "
     "arXiv:2503.24290",
     "PPO with a learned critic and GAE reaches at least GRPO's accuracy.",
+    ("ppo", "grpo"),
     _ppo_vs_grpo,
     "The critic is the policy's architecture with a value head, lr 1e-3, no pretraining or "
     "warm-up: not VAPO's tuned critic.",
@@ -163,6 +177,7 @@ CLAIMS = (
     "GSPO is more stable than token-level GRPO",
     "Zheng et al., 2025, arXiv:2507.18071",
     "GSPO's held-out accuracy falls back less from its best than GRPO's.",
+    ("gspo", "grpo"),
     _higher(
       lambda r: r["drawdown"],
       "gspo",
@@ -177,6 +192,7 @@ CLAIMS = (
     "SAPO is smoother than hard clipping",
     "Gao et al., 2025, arXiv:2511.20347",
     "SAPO's gradient norm varies less over training than GRPO's hard-clipped objective's.",
+    ("sapo", "grpo"),
     _higher(
       lambda r: r["grad_norm_cv"],
       "sapo",
@@ -207,13 +223,27 @@ def decide(results: dict, task: str) -> list[dict]:
   out = []
   for claim in CLAIMS:
     try:
-      verdict, evidence = claim.decide(get)
+      verdict, evidence = _guarded(claim, get)
     except KeyError as e:  # results of a suite without the claim's methods or fields
       verdict, evidence = NOT_MEASURED, f"not measured ({e} missing)"
     out.append(dataclasses.asdict(claim) | {"verdict": verdict, "evidence": evidence})
   for row in out:
     row.pop("decide")
   return out
+
+
+def _guarded(claim: Claim, get) -> tuple[str, str]:
+  """The claim's verdict, inconclusive when neither of its methods learned; its evidence
+  with each method's gain on its warm start and the completions it sampled."""
+  verdict, evidence = claim.decide(get)
+  gains = {m: gain(get(m)) for m in claim.methods}
+  evidence += "; gain on the warm start: " + ", ".join(
+    f"{m} {_interval(*g)}" for m, g in gains.items()
+  )
+  evidence += _budgets(get, claim.methods)
+  if verdict != NOT_TESTABLE and max(side(*g) for g in gains.values()) <= 0:  # nothing learned
+    return INCONCLUSIVE, evidence + "; neither improved on the warm start"
+  return verdict, evidence
 
 
 def section(results: dict, task: str) -> list[str]:
@@ -223,7 +253,10 @@ def section(results: dict, task: str) -> list[str]:
     "",
     "Verdicts: the 95% Welch interval of the difference between the two methods' seed "
     "means lies on the claimed side of zero (reproduced), on the other side (not "
-    "reproduced), or holds zero (inconclusive at this scale).",
+    "reproduced), or holds zero (inconclusive at this scale). A claim is also inconclusive "
+    "when neither of its methods ended above its warm start (the interval of the gain "
+    "above zero), and not testable here when the runs do not show the behaviour it is "
+    "about.",
     "",
     "| claim | source | verdict | numbers that decide | caveat |",
     "|---|---|---|---|---|",
@@ -238,3 +271,40 @@ def section(results: dict, task: str) -> list[str]:
   if missing:
     lines += ["", f"Not measured here (the suite lacks their methods): {'; '.join(missing)}."]
   return lines + [""]
+
+
+def summary_table(columns: list[tuple[str, dict, str]]) -> list[str]:
+  """A Markdown row per claim: its verdict in each `(label, results, task)` column ("not
+  run" where that suite lacks its methods), then the numbers the first column's rests on."""
+  decided = [{row["name"]: row for row in decide(results, task)} for _, results, task in columns]
+  labels = [label for label, _, _ in columns]
+  lines = [
+    f"| claim | {' | '.join(labels)} | numbers that decide ({labels[0]}) |",
+    "|---|" + "---|" * (len(columns) + 1),
+  ]
+  for claim in CLAIMS:
+    verdicts = [d[claim.name]["verdict"] for d in decided]
+    verdicts = ["not run" if v == NOT_MEASURED else v for v in verdicts]
+    lines.append(
+      f"| {claim.name} | {' | '.join(verdicts)} | {decided[0][claim.name]['evidence']} |"
+    )
+  return lines
+
+
+def committed_table(root) -> list[str]:
+  """The README's table: the committed v2 results (chain, add2) and the SmolLM2 slice's."""
+  import json
+  from pathlib import Path
+
+  results = Path(root) / "experiments" / "results"
+  v2 = json.loads((results / "v2" / "results.json").read_text())
+  smollm2 = json.loads((results / "v2_smollm2" / "results.json").read_text())
+  return summary_table(
+    [("chain", v2, "chain"), ("add2", v2, "add2"), ("SmolLM2 slice", smollm2, "smollm2_add2")]
+  )
+
+
+if __name__ == "__main__":  # python -m experiments.claims: the README's table of verdicts
+  from pathlib import Path
+
+  print("\n".join(committed_table(Path(__file__).resolve().parents[1])))

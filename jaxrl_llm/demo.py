@@ -8,8 +8,8 @@ first '.' (EOS). The verifiable reward is the fraction of the word's letters
 and its final '.' produced in place. One iteration samples G completions per
 prompt, computes group advantages, and takes `epochs x minibatches` clipped
 policy-gradient steps with a k3 KL penalty to the initial policy, exactly as
-the trainer does with a transformer. Until the trainer lands this is the
-project's main job; it prints the reward climbing and the words it learned.
+the trainer does with a transformer, in one file small enough to read whole; it prints
+the reward climbing and the words it learned.
 """
 
 import argparse

@@ -125,11 +125,24 @@ def test_diff_ci_is_welchs_interval():
   dof = (va + vb) ** 2 / (va**2 / 2 + vb**2 / 3)
   assert diff == pytest.approx(1.5)
   assert half == pytest.approx(claims._t975(dof) * math.sqrt(va + vb))
-  assert claims._t975(2) == pytest.approx(4.303) and claims._t975(1e9) == pytest.approx(1.96, 1e-3)
-  assert dof == pytest.approx(3.0) and claims._t975(dof) == pytest.approx(3.182)
+  assert claims._t975(2) == pytest.approx(4.303, abs=5e-4)  # the printed tables' values
+  assert claims._t975(1e9) == pytest.approx(1.96, 1e-3)
+  assert dof == pytest.approx(3.0) and claims._t975(dof) == pytest.approx(3.182, abs=5e-4)
   assert 2.571 > claims._t975(5.5) > 2.447  # between the table's rows
   assert claims.diff_ci([1.0], [0.0, 1.0]) == (0.5, None)
   assert (claims.side(1.0, 0.5), claims.side(-1.0, 0.5), claims.side(0.2, 0.5)) == (1, -1, 0)
+
+
+@pytest.mark.parametrize("dof", [1.5, 2.7, 4.0, 11.3])
+def test_t_quantile_is_exact_at_fractional_degrees_of_freedom(dof):
+  """Welch's degrees of freedom are fractional: the quantile integrates Student's density
+  to 0.975 there (checked by quadrature of the density itself)."""
+  from scipy import integrate
+
+  q = claims._t975(dof)
+  norm = math.gamma((dof + 1) / 2) / (math.sqrt(dof * math.pi) * math.gamma(dof / 2))
+  density = lambda x: norm * (1 + x * x / dof) ** (-(dof + 1) / 2)
+  assert 0.5 + integrate.quad(density, 0, q)[0] == pytest.approx(0.975, abs=1e-7)
 
 
 def _claim_runs(task, values):
@@ -137,8 +150,9 @@ def _claim_runs(task, values):
   return {f"{task}/{m}/{i}": run for m, runs in values.items() for i, run in enumerate(runs)}
 
 
-def _run(after=0.5, entropy=1.0, wrong=(5.0, 5.0), drawdown=0.1, cv=0.3, before=0.3):
+def _run(after=0.5, entropy=1.0, wrong=(5.0, 5.0), drawdown=0.1, cv=0.3, before=0.3, samples=None):
   return {
+    "samples": samples,
     "before": before,
     "after": after,
     "drawdown": drawdown,
@@ -180,6 +194,64 @@ def test_claims_are_decided_by_the_interval(tmp_path):
   assert text.count("| **") == len(claims.CLAIMS)
 
 
+JITTER = [0.0, 0.01, -0.01, 0.02, -0.02]
+
+
+def _length_verdict(grpo_growth, dr_growth, spread=1.0):
+  runs = _claim_runs(
+    "t",
+    {
+      "grpo": [_run(wrong=(5.0, 5.0 + grpo_growth + spread * j)) for j in JITTER],
+      "dr_grpo": [_run(wrong=(5.0, 5.0 + dr_growth + spread * j)) for j in JITTER],
+    },
+  )
+  row = next(r for r in claims.decide({"runs": runs}, "t") if r["name"].startswith("Dr. GRPO"))
+  return row["verdict"], row["evidence"]
+
+
+def test_dr_grpo_length_bias_is_decided_on_the_difference():
+  """The claim is comparative: GRPO's wrong answers grow more than Dr. GRPO's."""
+  assert _length_verdict(3.0, 0.0)[0] == claims.REPRODUCED
+  assert _length_verdict(3.0, 3.0)[0] == claims.INCONCLUSIVE  # both grew alike
+  assert _length_verdict(1.0, 3.0)[0] == claims.NOT_REPRODUCED  # Dr. GRPO's grew more
+  # GRPO's growth alone is not the claim: +0.86 more than Dr. GRPO, but within the noise.
+  assert _length_verdict(1.5, 0.64, spread=60)[0] == claims.INCONCLUSIVE
+  verdict, evidence = _length_verdict(-2.0, -1.0)  # format learning shortened both
+  assert verdict == claims.NOT_TESTABLE and "neither method's wrong answers grew" in evidence
+
+
+def test_every_claim_is_inconclusive_when_neither_method_learned():
+  """DAPO's gain +0.006 +- 0.018 and a control that fell: 'dynamic sampling helps' would
+  read reproduced on the comparison alone."""
+  runs = _claim_runs(
+    "t",
+    {
+      "dapo": [_run(after=0.506 + j, before=0.5) for j in JITTER],
+      "dapo_no_ds": [_run(after=0.45 + j, before=0.5) for j in JITTER],
+    },
+  )
+  row = next(r for r in claims.decide({"runs": runs}, "t") if "dynamic sampling" in r["name"])
+  assert row["verdict"] == claims.INCONCLUSIVE
+  assert "neither improved on the warm start" in row["evidence"]
+  assert "dapo +0.006 ± " in row["evidence"] and "dapo_no_ds -0.050 ± " in row["evidence"]
+  for i in range(5):  # once DAPO learns, the comparison decides
+    runs[f"t/dapo/{i}"]["after"] = 0.6 + JITTER[i]
+  row = next(r for r in claims.decide({"runs": runs}, "t") if "dynamic sampling" in r["name"])
+  assert row["verdict"] == claims.REPRODUCED
+
+
+def test_verdicts_name_the_completions_each_method_sampled():
+  runs = _claim_runs(
+    "t",
+    {
+      "dapo": [_run(0.6 + j, samples=76_800) for j in JITTER],
+      "dapo_no_ds": [_run(0.5 + j, samples=76_800 if j else 77_312) for j in JITTER],
+    },
+  )
+  row = next(r for r in claims.decide({"runs": runs}, "t") if "dynamic sampling" in r["name"])
+  assert row["evidence"].endswith("completions sampled: dapo 76,800, dapo_no_ds 76,800/77,312")
+
+
 def test_claims_of_methods_a_suite_lacks_are_listed_as_not_measured():
   """The real-model slice runs 4 methods: the claims about GSPO, SAPO and DAPO's control
   are named as not measured, not given a verdict."""
@@ -208,3 +280,21 @@ def test_v2_suite_is_sample_matched_and_covers_the_methods():
   base = v2_base.get_config()
   assert base.run.sample_budget == base.run.steps * 32 * 8 and base.task.name == "chain"
   assert suite.tasks["add2"].overrides["run.sample_budget"] == suite.steps_of("add2") * 32 * 8
+
+
+def test_rerun_cells_replace_their_methods_and_must_share_the_start(tmp_path):
+  previous = tmp_path / "results.json"
+  runs = _claim_runs("t", {"grpo": [_run(0.5), _run(0.6)], "dapo": [_run(0.4), _run(0.45)]})
+  previous.write_text(json.dumps({"meta": {"seeds": 2, "smoke": False}, "runs": runs}))
+  meta = {"seeds": 2, "smoke": False, "command": "c", "commit": "abc", "date": "d",
+          "machine": "m", "wall_minutes": 1.0}  # fmt: skip
+  fresh = _claim_runs("t", {"dapo": [_run(0.7), _run(0.75)]})
+  results = ablate.merged(previous, meta, fresh, ["dapo"], "filtered on accuracy")
+  assert [results["runs"][f"t/dapo/{i}"]["after"] for i in (0, 1)] == [0.7, 0.75]
+  assert [results["runs"][f"t/grpo/{i}"]["after"] for i in (0, 1)] == [0.5, 0.6]
+  (rerun,) = results["meta"]["reruns"]
+  assert rerun["methods"] == ["dapo"] and rerun["commit"] == "abc"
+  assert rerun["why"] == "filtered on accuracy"
+  other_start = _claim_runs("t", {"dapo": [_run(0.7, before=0.31), _run(0.75)]})
+  with pytest.raises(SystemExit, match="not the same warm-started policy"):
+    ablate.merged(previous, meta, other_start, ["dapo"], "x")

@@ -139,10 +139,12 @@ def _np_rloo(s, G):
   return out.ravel()
 
 
-def _np_rpp_baseline(s, G, eps):
+def _np_rpp_baseline(s, G, eps, lengths):
+  """verl's form: the group-centred score on every response token, whitened over them all."""
   g = s.reshape(-1, G)
   x = (g - g.mean(1, keepdims=True)).ravel()
-  return (x - x.mean()) / np.sqrt(x.var(ddof=1) + eps)
+  tokens = np.repeat(x, lengths)
+  return (x - tokens.mean()) / np.sqrt(tokens.var(ddof=1) + eps) * (lengths > 0)
 
 
 def _np_opo(s, lengths, G):
@@ -156,7 +158,7 @@ def _np_opo(s, lengths, G):
     ("grpo", _np_grpo(SCORES, 4, 1e-6)),
     ("dr_grpo", (SCORES.reshape(3, 4) - SCORES.reshape(3, 4).mean(1, keepdims=True)).ravel()),
     ("rloo", _np_rloo(SCORES, 4)),
-    ("reinforce_plus_plus_baseline", _np_rpp_baseline(SCORES, 4, 1e-6)),
+    ("reinforce_plus_plus_baseline", _np_rpp_baseline(SCORES, 4, 1e-6, LENGTHS)),
     ("opo", _np_opo(SCORES, LENGTHS, 4)),
   ],
 )
@@ -166,6 +168,23 @@ def test_group_estimators_match_numpy(name, expected):
   )
   chex.assert_shape(adv, (12,))
   np.testing.assert_allclose(adv, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_reinforce_pp_baseline_whitens_over_the_trained_tokens_only():
+  """Rows with no loss token (length 0: a group dynamic sampling could not replace, a row
+  masked for truncation) leave the statistics of the trained rows' advantages alone."""
+  lengths = LENGTHS.copy()
+  lengths[[1, 9]] = 0
+  adv = np.asarray(
+    group_advantages(
+      jnp.asarray(SCORES), group_size=4, estimator="reinforce_plus_plus_baseline",
+      lengths=jnp.asarray(lengths),
+    )
+  )  # fmt: skip
+  np.testing.assert_allclose(adv, _np_rpp_baseline(SCORES, 4, 1e-6, lengths), rtol=1e-5, atol=1e-6)
+  assert adv[1] == adv[9] == 0.0
+  tokens = np.repeat(adv, lengths)  # the trained tokens' advantages: mean 0, unbiased var 1
+  np.testing.assert_allclose([tokens.mean(), tokens.var(ddof=1)], [0.0, 1.0], atol=1e-5)
 
 
 def test_group_estimators_by_hand():

@@ -2,6 +2,7 @@ import json
 
 import jax
 import numpy as np
+import pytest
 from train_test import OnesTask, small_config
 
 from jaxrl_llm.train import train
@@ -18,6 +19,7 @@ def _round(scores, prompt_len, offset):
     np.asarray(scores, np.float32),
     np.zeros(B, bool),
     np.full((B, 3), -offset / 1000, np.float32),
+    np.asarray(scores, np.float32),
   )
 
 
@@ -42,6 +44,37 @@ def test_assemble_prefers_informative_groups_and_keeps_shapes():
   np.testing.assert_array_equal(batch.scores_B, [0, 1, 1, 1])
 
 
+def test_assemble_filters_on_its_metric_not_on_the_scores():
+  """An all-wrong group whose shaped scores differ ([0, -1/3]: an overlong penalty) is not
+  informative when groups are filtered on correctness."""
+  rnd = _round([0, -1 / 3, 1, 0], prompt_len=3, offset=100)._replace(
+    filter_B=np.array([0, 0, 1, 0], np.float32)
+  )
+  batch = assemble([rnd], group_size=2, num_groups=2, pad_id=7)
+  np.testing.assert_array_equal(batch.tokens_BxN[:, 0], [102, 103, 100, 101])
+  np.testing.assert_array_equal(informative_groups(batch.filter_B, 2), [True, False])
+
+
+@pytest.mark.parametrize("metric", ["accuracy", "score"])
+def test_dynamic_sampling_filters_on_correctness_by_default(tmp_path, metric):
+  """A random policy never solves 2-digit addition, but DAPO's overlong penalty varies with
+  its lengths: on accuracy (the default) no group is informative, so none is kept and the
+  policy does not move on length alone; on the score the penalty makes groups informative."""
+  cfg = small_config(
+    tmp_path,
+    **{"rollout.dynamic_sampling": True, "rollout.dynamic_sampling_metric": metric,
+       "rollout.max_extra_rounds": 1, "rewards.overlong_weight": 1.0,
+       "rewards.overlong_cache_tokens": 3, "run.steps": 1},
+  )  # fmt: skip
+  summary = train(cfg, devices=jax.devices()[:1])
+  (row,) = [json.loads(line) for line in open(summary["metrics"])]
+  assert row["accuracy"] == 0.0 and row["reward_std"] > 0  # the penalty varies
+  if metric == "accuracy":
+    assert row["dynamic_groups_kept"] == 0 and row["grad_norm"] == 0.0
+  else:
+    assert row["dynamic_groups_kept"] > 0 and row["grad_norm"] > 0.0
+
+
 def test_trainer_with_dynamic_sampling(tmp_path):
   cfg = small_config(tmp_path, **{"rollout.dynamic_sampling": True, "run.steps": 3})
   summary = train(cfg, devices=jax.devices()[:1], task=OnesTask(cfg))
@@ -62,3 +95,23 @@ def test_all_equal_rewards_use_every_extra_round(tmp_path):
   rows = [json.loads(line) for line in open(summary["metrics"])]
   assert [r["dynamic_extra_rounds"] for r in rows] == [2, 2]
   assert all(r["zero_variance_group_fraction"] == 1.0 for r in rows)
+
+
+def test_a_sample_budget_is_met_exactly_by_dynamic_sampling(tmp_path):
+  """Every group of a random policy is uninformative, so each step wants all its extra
+  rounds; the last step takes only what the budget leaves, and the run stops at the
+  budget exactly (5 batches: 3 rounds, then 2), not one dynamic round past it."""
+  cfg = small_config(
+    tmp_path,
+    **{"rollout.dynamic_sampling": True, "rollout.max_extra_rounds": 2, "run.steps": 10},
+  )
+  budget = 5 * cfg.batch_size
+  cfg = small_config(
+    tmp_path,
+    **{"rollout.dynamic_sampling": True, "rollout.max_extra_rounds": 2, "run.steps": 10,
+       "run.sample_budget": budget},
+  )  # fmt: skip
+  summary = train(cfg, devices=jax.devices()[:1])
+  rows = [json.loads(line) for line in open(summary["metrics"])]
+  assert [r["dynamic_extra_rounds"] for r in rows] == [2, 1]
+  assert sum(r["completions_sampled"] for r in rows) == budget == summary["completions_sampled"]

@@ -223,18 +223,36 @@ def test_replies_take_the_chat_templates_roles():
   tok = load_tokenizer(FIXTURES / "qwen2_tied")
   decode = lambda ids: tok.decode(ids, skip_special_tokens=False)
   plain_roles = episodes_lib.Renderer(_task(tok))  # its template knows no tool role
-  assert decode(plain_roles.reply("higher", turn_ended=True)) == (
+  im_end = tok.encode("<|im_end|>")[0]
+  assert decode(plain_roles.reply("higher", end_id=im_end)) == (
     "\n<|im_start|>user\nhigher<|im_end|>\n<|im_start|>assistant\n"
   )
   tool = {"role": "tool", "content": "42"}
-  assert decode(plain_roles.reply(tool, turn_ended=False)) == (
+  assert decode(plain_roles.reply(tool, end_id=None)) == (
     "<|im_end|>\n<|im_start|>user\n42<|im_end|>\n<|im_start|>assistant\n"
   )
   tok.chat_template = QWEN25_LIKE
   with_tool = episodes_lib.Renderer(_task(tok))
-  assert decode(with_tool.reply(tool, turn_ended=False)) == (
+  assert decode(with_tool.reply(tool, end_id=None)) == (
     "<|im_end|>\n<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>\n"
     "<|im_start|>assistant\n"
+  )
+
+
+def test_a_turn_end_that_is_not_the_tokenizers_eos_is_not_repeated():
+  """A checkpoint whose turn-end id is declared in generation_config.json but is not its
+  eos_token: the end of turn the model emitted is the one the template writes, so the reply
+  does not write it again; a turn that ended on another end id keeps the template's."""
+  tok = load_tokenizer(FIXTURES / "qwen2_tied")
+  tok.eos_id = tok.pad_id  # eos_token <|endoftext|>; <|im_end|> ends turns
+  decode = lambda ids: tok.decode(ids, skip_special_tokens=False)
+  renderer = episodes_lib.Renderer(_task(tok))
+  im_end = tok.encode("<|im_end|>")[0]
+  assert decode(renderer.reply("higher", end_id=im_end)) == (
+    "\n<|im_start|>user\nhigher<|im_end|>\n<|im_start|>assistant\n"
+  )
+  assert decode(renderer.reply("higher", end_id=tok.eos_id)) == (
+    "<|im_end|>\n<|im_start|>user\nhigher<|im_end|>\n<|im_start|>assistant\n"
   )
 
 

@@ -12,6 +12,7 @@ from train_test import OnesTask, _learner, _one_batch, small_config
 from jaxrl_llm.train import loop as loop_lib
 from jaxrl_llm.train import perf, train
 from jaxrl_llm.train import producer as producer_lib
+from jaxrl_llm.train import step as step_lib
 
 
 def _truncated_batch(learner, cfg):
@@ -172,3 +173,57 @@ def test_warm_start_rows_pad_to_the_width_every_process_agrees_on(tmp_path, monk
   assert batch.prompt_BxP.shape == (2, 8)
   np.testing.assert_array_equal(batch.prompt_mask_BxP.sum(-1), [4, 6])
   np.testing.assert_array_equal(batch.prompt_mask_BxP[:, -1], True)  # left padding
+
+
+def _numpy_gae(r, v, m, v_end, gamma, lam):
+  """GAE over the positions with m = 1, the others skipped; V after the last one is v_end."""
+  adv, v_next, adv_next = np.zeros(len(r)), v_end, 0.0
+  for t in reversed(range(len(r))):
+    if m[t]:
+      adv[t] = r[t] + gamma * v_next - v[t] + gamma * lam * adv_next
+      v_next, adv_next = v[t], adv[t]
+  return adv
+
+
+def test_a_cut_off_episode_bootstraps_from_the_state_after_its_last_real_token(tmp_path):
+  """An episode cut off at 14 of its 16 slots (the environment's next reply did not fit)
+  continues its return from V(s_14), the critic's value after its last real token, not from
+  the padding slot after slot 15; GAE on that row equals a numpy reference."""
+  cfg = small_config(
+    tmp_path,
+    **{"algo.estimator": "gae", "algo.gamma": 0.9, "algo.lam": 0.8,
+       "algo.estimator_kwargs": '{"whiten": false}', "rollout.max_new_tokens": 4},
+  )  # fmt: skip
+  learner = _learner(cfg)
+  B, N, rng = cfg.batch_size, 16, np.random.default_rng(0)
+  vocab = learner.model_cfg.vocab_size
+  mask = np.ones((B, N), bool)
+  mask[0, 14:] = False  # row 0 ends at slot 14, cut off; the other rows fill all 16 slots
+  model = mask.copy()
+  model[0, 5:9] = False  # an environment reply between the model's turns
+  rewards = np.zeros((B, N), np.float32)
+  rewards[0, 4], rewards[0, 13] = 0.5, 1.0
+  truncated = np.zeros(B, bool)
+  truncated[0] = True
+  batch = step_lib.Batch(
+    *learner.shard_batch(
+      (rng.integers(2, vocab, (B, 6), dtype=np.int32), np.ones((B, 6), bool),
+       rng.integers(2, vocab, (B, N), dtype=np.int32), mask)
+    ),
+    learner.shard_batch(rewards.sum(-1)),
+    learner.shard_batch(truncated),
+    model_mask_BxN=learner.shard_batch(model),
+    token_rewards_BxN=learner.shard_batch(rewards),
+  )  # fmt: skip
+  exp = jax.device_get(learner.experience(batch)[0])
+  values_BxN1 = np.asarray(
+    step_lib.sequence_values(learner.critic_def, learner.state.critic, batch, with_last=True)
+  )
+  assert abs(values_BxN1[0, 14] - values_BxN1[0, 16]) > 1e-4  # the two differ
+  expected = _numpy_gae(
+    rewards[0], values_BxN1[0, :N], model[0], values_BxN1[0, 14], gamma=0.9, lam=0.8
+  )
+  np.testing.assert_allclose(exp.advantages_BxN[0], expected, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(
+    exp.returns_BxN[0], np.where(model[0], expected + values_BxN1[0, :N], 0.0), rtol=1e-5, atol=1e-6
+  )

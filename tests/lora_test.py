@@ -340,3 +340,23 @@ def test_a_lora_training_pass_counts_4n_flops_per_token(tmp_path):
   flops = lambda cfg: perf.iteration_flops(1000, cfg, 6, [(6, N)])
   # The frozen base saves the weight gradients: 2 n per trained token and epoch.
   assert flops(full) - flops(lora) == 2 * 1000 * trained_tokens * full.algo.ppo_epochs
+
+
+@pytest.mark.parametrize("updates", [1, 2])
+def test_adapter_dropout_stays_out_of_the_behaviour_correction(tmp_path, updates):
+  """pi_old / pi_behav is taken without dropout with one update per rollout as with several:
+  on a batch sampled from the current params the two agree to float rounding."""
+  cfg = small_config(
+    tmp_path,
+    **{"lora.rank": 4, "lora.dropout": 0.5, "algo.correction": "token_tis",
+       "algo.num_minibatches": updates},
+  )  # fmt: skip
+  learner = _learner(cfg)
+  adapters, base = state_lib.split_trainable(cfg, learner.state.policy)
+  keys = iter(jax.random.split(jax.random.key(4), len(jax.tree.leaves(adapters))))
+  moved = jax.tree.map(lambda x: x + 0.3 * jax.random.normal(next(keys), x.shape), adapters)
+  learner.state = learner.state._replace(policy=state_lib.join_trainable(moved, base))
+  exp, _ = learner.experience(_one_batch(learner, cfg))
+  metrics = jax.device_get(learner.update(exp))
+  assert metrics["mismatch_k3"][0] < 1e-6, metrics["mismatch_k3"]
+  assert metrics["is_weight_mean"][0] == pytest.approx(1.0, abs=1e-5)

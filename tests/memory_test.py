@@ -197,9 +197,13 @@ def test_scanned_layers_load_and_save_the_same_checkpoint(tmp_path):
 def test_bad_memory_keys_name_the_key(tmp_path):
   with pytest.raises(ValueError, match=r"config.model.remat='some'.*'full'"):
     small_config(tmp_path, **{"model.remat": "some"})
-  with pytest.raises(ValueError, match=r"config.model.logprob_chunk_tokens=-1 must be >= 0"):
+  with pytest.raises(
+    ValueError, match=r"config.model.logprob_chunk_tokens=-1 is out of range: it must be >= 0"
+  ):
     small_config(tmp_path, **{"model.logprob_chunk_tokens": -1})
-  with pytest.raises(ValueError, match=r"config.model.attention_chunk=-2 must be >= 0"):
+  with pytest.raises(
+    ValueError, match=r"config.model.attention_chunk=-2 is out of range: it must be >= 0"
+  ):
     small_config(tmp_path, **{"model.attention_chunk": -2})
 
 

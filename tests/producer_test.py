@@ -99,7 +99,10 @@ def test_async_kill_9_then_resume_equals_uninterrupted_run(tmp_path):
       r"dynamic_sampling.*use mode='sync'",
     ),
     ({"rollout.mode": "overlap"}, r"config.rollout.mode='overlap'; use 'sync' or 'async'"),
-    ({"rollout.off_policy_steps": -1}, r"off_policy_steps=-1 must be >= 0"),
+    (
+      {"rollout.off_policy_steps": -1},
+      r"off_policy_steps=-1 is out of range: it must be >= 0 \(0: on-policy\)",
+    ),
   ],
 )
 def test_bad_producer_settings_name_the_key(tmp_path, overrides, message):

@@ -3,6 +3,8 @@ generators' examples."""
 
 import importlib.util
 
+import pytest
+
 from jaxrl_llm.data import ArithmeticTask
 from jaxrl_llm.data.countdown import CountdownTask
 from jaxrl_llm.data.gsm8k import load_gsm8k_file
@@ -54,10 +56,21 @@ def test_trainer_reads_through_tfds(tmp_path):
   import jax
   from train_test import small_config
 
+  from jaxrl_llm.data.tfds_builders import TfdsSource
   from jaxrl_llm.train import train
+  from jaxrl_llm.train.task import Task
 
   cfg = small_config(tmp_path, **{"task.data_dir": str(tmp_path / "tfds"), "run.steps": 2})
   summary = train(cfg, devices=jax.devices()[:1])
   assert list((tmp_path / "tfds").rglob("*.array_record*"))
-  assert len(open(summary["metrics"]).readlines()) == 2
-  assert json.loads(open(summary["metrics"]).readline())["reward_mean"] >= 0
+  # The examples the trainer drew are the generator's, read back from the array_record files.
+  task = Task(cfg)
+  assert isinstance(task.spec, TfdsSource)
+  keys = ["prompt", "answer"]
+  drawn = task.draw("train", cfg.task.train_examples, cfg.run.seed, "task.train_examples")
+  generated = ArithmeticTask(digits=2, ops="+").examples("train", cfg.task.train_examples, 0)
+  assert _sorted(drawn, keys) == _sorted(generated, keys)
+  rows = [json.loads(line) for line in open(summary["metrics"])]
+  assert [r["step"] for r in rows] == [1, 2]
+  for r in rows:  # exact match is the only reward: the mean reward is the accuracy
+    assert r["reward_mean"] == pytest.approx(r["accuracy"], abs=1e-7)

@@ -76,12 +76,12 @@ def _one_batch(learner, cfg, seed=0):
   task = OnesTask(cfg)  # rewards that vary within groups, so advantages are not all zero
   examples = task.spec.examples("train", cfg.rollout.prompts_per_step, seed)
   prompt, out = producer_lib.sample(learner, task, examples, cfg, jax.random.key(seed))
-  scores, _, _ = producer_lib.scored(learner, task, examples, out, cfg)
+  scores = producer_lib.scored(learner, task, examples, out, cfg)
   return step_lib.Batch(
     *prompt,
     out.tokens_BxN,
     out.mask_BxN,
-    learner.shard_batch(scores),
+    learner.shard_batch(scores.local_B),
     out.truncated_B,
     behav_logp_BxN=out.logprobs_BxN,
   )
@@ -346,7 +346,7 @@ def test_nan_updates_are_skipped_then_stop(tmp_path):
       r"kl_placement='reward'.*estimator='grpo' use kl_placement='loss'",
     ),
     ({"algo.kl_mode": "adaptive"}, r"needs config.algo.kl_target"),
-    ({"rollout.temperature": 0.0}, r"temperature must be > 0"),
+    ({"rollout.temperature": 0.0}, r"temperature=0.0 is out of range: it must be > 0 \(RL samples"),
     ({"task.name": "gsm9k"}, r"config.task.name='gsm9k' is unknown"),
     (
       {"algo.share_prompts": True, "algo.num_minibatches": 16},
@@ -457,3 +457,31 @@ def test_shaping_rewards_are_logged_on_their_own(tmp_path):
     row
   )
   assert row["reward/missing_eos"] == -row["truncation_rate"]
+
+
+def test_kl_to_the_reference_averages_over_rows_in_the_loss(tmp_path):
+  """`kl_ref` (which the adaptive KL controller reads) is the mean per-sequence KL over the
+  rows that have loss tokens: rows the loss leaves out do not dilute it, however the
+  minibatch is split into micro-batches."""
+  cfg = small_config(tmp_path, **{"algo.kl_coef": 0.1, "algo.num_minibatches": 2})
+  learner = _learner(cfg)
+  batch = _one_batch(learner, cfg)
+  B = cfg.batch_size
+  kept = np.ones(B, bool)
+  kept[: B // 2 : 2] = False  # some rows out of the loss, more of them in the first micro-batches
+  exp, _ = learner.experience(batch._replace(loss_rows_B=learner.shard_batch(kept)))
+  noise = jax.random.normal(jax.random.key(3), exp.ref_logp_BxN.shape) * 0.3
+  exp = exp._replace(ref_logp_BxN=exp.ref_logp_BxN + noise)  # a reference the policy left
+  mask = np.asarray(exp.loss_mask_BxN)
+  kl_BxN = np.asarray(core.kl_penalty(exp.old_logp_BxN, exp.ref_logp_BxN, "k3"))
+  per_row = np.where(mask, kl_BxN, 0.0).sum(-1)
+  expected = per_row[mask.any(-1)].mean()
+  assert not np.isclose(expected, per_row.mean())  # the diluted mean differs
+  objective = functools.partial(step_lib.policy_objective, policy_def=learner.policy_def, cfg=cfg)
+  denominator = core.aggregate_denominator(exp.loss_mask_BxN, cfg.algo.aggregation)
+  for micro in (1, 4):
+    split = jax.tree.map(lambda x, m=micro: x.reshape(m, -1, *x.shape[1:]), exp)
+    _, _, metrics = step_lib._accumulate(
+      objective, learner.state.policy, split, denominator, learner.state.kl.coef
+    )
+    np.testing.assert_allclose(metrics["kl_ref"], expected, rtol=1e-5)

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxrl_llm.core.registry import lookup, register
-from jaxrl_llm.core.stats import masked_whiten
+from jaxrl_llm.core.stats import masked_whiten, psum_if
 
 __all__ = [
   "GROUP_ESTIMATORS",
@@ -250,13 +250,21 @@ def reinforce_plus_plus_baseline_advantages(
 
     x_i = r_i - mean_{j in group} r_j,   A_i = (x_i - mean(x)) / sqrt(var(x) + eps)
 
-  The group mean removes the prompt's difficulty; whitening over the whole batch
-  (global over `axis_name`) sets the scale without GRPO's per-group std.
+  The group mean removes the prompt's difficulty; whitening over the batch (global over
+  `axis_name`) sets the scale without GRPO's per-group std. As in verl, mean and unbiased
+  var are over the trained response tokens: with `lengths_NxG` (each row's count of loss
+  tokens) row i weighs l_i, and rows of length 0, which the loss leaves out, neither enter
+  the statistics nor get an advantage. Without lengths every row weighs 1.
   """
-  del lengths_NxG
   centred_NxG = scores_NxG - scores_NxG.mean(-1, keepdims=True)
-  ones_NxG = jnp.ones(centred_NxG.shape, bool)
-  return masked_whiten(centred_NxG, ones_NxG, eps=eps, axis_name=axis_name)
+  if lengths_NxG is None:
+    lengths_NxG = jnp.ones(centred_NxG.shape, jnp.float32)
+  w_NxG = lengths_NxG.astype(jnp.float32)
+  n = psum_if(jnp.sum(w_NxG), axis_name)
+  mean = psum_if(jnp.sum(w_NxG * centred_NxG), axis_name) / jnp.maximum(n, 1.0)
+  sq = psum_if(jnp.sum(w_NxG * jnp.square(centred_NxG - mean)), axis_name)
+  var = sq / jnp.maximum(n - 1.0, 1.0)  # unbiased, over the tokens
+  return jnp.where(w_NxG > 0, (centred_NxG - mean) * jax.lax.rsqrt(var + eps), 0.0)
 
 
 @register(GROUP_ESTIMATORS, "opo")

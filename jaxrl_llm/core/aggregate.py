@@ -30,7 +30,9 @@ Modes (m the mask, l the loss, i over sequences with at least one token, N their
   seq-mean-token-sum-norm   (1/N) Σ_i Σ_t m l / max_len          (Dr. GRPO, arXiv:2503.20783)
 
 `max_len` is Dr. GRPO's constant: the generation budget, defaulting to T.
-verl's variant of this mode omits the 1/N, which only rescales the learning rate.
+verl's `agg_loss` (volcengine/verl b178a3c, January 2026) divides this mode's token sums
+by the constant alone (`loss_scale_factor`, default the response length), without the 1/N:
+the same objective at a learning rate N times larger.
 """
 
 from collections.abc import Callable

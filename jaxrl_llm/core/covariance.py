@@ -165,7 +165,8 @@ def kl_cov(
     L_t  = -A_t r_t + kl_cov_coef * |log r_t|     t in I
            -A_t r_t                               otherwise
 
-  No ratio clipping: the penalty restrains the high-covariance tokens instead. The
+  No ratio clipping (it takes no clip knob): the penalty restrains the high-covariance
+  tokens instead. The
   paper states the penalty as a per-token KL between pi_old and pi with weight beta;
   the authors' code (and verl's) computes it as |log r_t|, as here. Defaults: the
   paper's Qwen2.5-7B setting, k = 2e-3 (2e-4 for 32B), beta = 1.

@@ -131,8 +131,9 @@ def gspo(
   Every token of a sequence shares the value s_i and its clip decision, and the
   gradient of s_it is s_i times the token's own score function: with
   sequence-level advantages this is GSPO, and per-token advantages give the
-  paper's GSPO-token. The paper's clip ranges are 3e-4 and 4e-4 because s_i is a
-  geometric mean. Aggregate with 'seq-mean-token-mean' to match the paper.
+  paper's GSPO-token. `clip_low` and `clip_high` bound the sequence ratio s_i, not a
+  token's: the paper's ranges are 3e-4 and 4e-4 because s_i is a geometric mean. No dual
+  clip. Aggregate with 'seq-mean-token-mean' to match the paper.
   """
   adv_BxT = _broadcast_advantages(advantages, logp_BxT)
   log_ratio, _ = _ratio(logp_BxT, old_logp_BxT)
@@ -190,7 +191,8 @@ def reinforce(logp_BxT, old_logp_BxT, advantages, mask_BxT, *, axis_name=None):
   """Vanilla policy gradient (Williams, 1992): L_t = -A_t log pi(y_t).
 
   Unbiased only on-policy (`old_logp` is used for metrics alone). The value is
-  -A log pi, not -A; its gradient is -A grad log pi.
+  -A log pi, not -A; its gradient is -A grad log pi. Nothing is clipped: it takes no clip
+  knob.
   """
   adv_BxT = _broadcast_advantages(advantages, logp_BxT)
   log_ratio, _ = _ratio(logp_BxT, old_logp_BxT)
@@ -226,7 +228,8 @@ def sapo(
     L_t = -A_t (f_t(r_t) - 2 / tau_t + 1)
 
   whose gradient is SAPO's and whose value is -A_t at r = 1 like the other losses;
-  the paper's -A_t f_t(r_t) differs by the constant A_t (2 / tau_t - 1).
+  the paper's -A_t f_t(r_t) differs by the constant A_t (2 / tau_t - 1). The gate replaces
+  the clip: it takes no clip knob (`tau_pos` and `tau_neg` set its softness).
   Extra metric: `gate_weight_mean`, the mean gradient weight 4 s (1 - s) r.
   """
   adv_BxT = _broadcast_advantages(advantages, logp_BxT)
@@ -267,7 +270,8 @@ def gmpo(
   gradient; an unclipped one gets -A_i s_i / |y_i| times its score function. The
   paper's range is (e^-0.4, e^0.4), i.e. `clip_low = clip_high = 0.4` in log space.
   Every token of row i carries L_i: aggregate with 'seq-mean-token-mean' to get the
-  paper's mean over sequences. `[B, T]` advantages are averaged over each row's
+  paper's mean over sequences. `clip_low` and `clip_high` are these log-space bounds, not
+  PPO's ratio range; no dual clip. `[B, T]` advantages are averaged over each row's
   tokens first (GMPO is defined for sequence-level advantages), as in verl.
   """
   adv_BxT = _broadcast_advantages(advantages, logp_BxT)

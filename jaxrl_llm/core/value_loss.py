@@ -10,12 +10,14 @@ def clipped_value_loss(
 ):
   """Clipped value loss, per token (Schulman et al., 2017; as in OpenAI baselines' PPO2).
 
-    V_clip = V_old + clip(V - V_old, -eps, eps)
+    V_clip = clip(V, V_old - eps, V_old + eps)
     L_t    = 1/2 max((V - R)^2, (V_clip - R)^2)
 
   The critic cannot move further than `cliprange_value` from the values it
   had at rollout time, unless that moves it away from the return. Pass
-  `cliprange_value=None` for the plain squared error. Aggregate the result with
+  `cliprange_value=None` for the plain squared error. V_clip is the baselines' V_old +
+  clip(V - V_old, -eps, eps) written as a clip of V itself, which is V exactly (not V to
+  rounding) on tokens inside the range, so those never count as clipped. Aggregate with
   `aggregate`. Metrics: `vf_clipfrac`, the fraction of tokens where the clipped
   term was the larger, and `value_mean`, the masked mean of V.
   """
@@ -27,7 +29,7 @@ def clipped_value_loss(
     loss_BxT, clipped_BxT = 0.5 * unclipped_BxT, jnp.zeros(v.shape, bool)
   else:
     old_v = old_values_BxT.astype(jnp.float32)
-    v_clip = old_v + jnp.clip(v - old_v, -cliprange_value, cliprange_value)
+    v_clip = jnp.clip(v, old_v - cliprange_value, old_v + cliprange_value)
     clipped_sq_BxT = jnp.square(v_clip - returns)
     loss_BxT = 0.5 * jnp.maximum(unclipped_BxT, clipped_sq_BxT)
     clipped_BxT = clipped_sq_BxT > unclipped_BxT

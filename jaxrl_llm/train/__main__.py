@@ -3,16 +3,27 @@
 import sys
 
 import jax
-from absl import app, logging
+from absl import app, flags, logging
 from ml_collections import config_flags
 
 from jaxrl_llm.train import distributed
-from jaxrl_llm.train.config import ConfigError, from_config_dict
+from jaxrl_llm.train.config import ConfigError, from_config_dict, unknown_key
 from jaxrl_llm.train.loop import train
 
 _CONFIG = config_flags.DEFINE_config_file(
   "config", "experiments/default.py", "An experiment file with get_config()."
 )
+
+
+def parse_flags(argv):
+  """absl's flag parsing, with a misspelt `--config.<section>.<key>` as one line naming the
+  nearest key (the trainer's keys are every experiment file's: `default_config_dict`)."""
+  for arg in argv[1:]:
+    if arg.startswith("--config."):
+      message = unknown_key(arg[len("--config.") :].split("=")[0])
+      if message:
+        sys.exit(f"config error: {message}")
+  return flags.FLAGS(argv)
 
 
 def main(argv):
@@ -42,4 +53,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

@@ -20,27 +20,91 @@ from jaxrl_llm.train.validate import ConfigError, validate
 
 
 @dataclasses.dataclass(frozen=True)
+class Range:
+  """The values a numeric key may take: bounds (None: unbounded), each closed or open, and
+  single values allowed besides them (`also`, e.g. -1 for "the devices the others leave").
+  Declared beside each numeric field (`at_least`, `above`, `between`) and checked by
+  `validate`, whose error names the key, the value and this range."""
+
+  low: float | None = None
+  high: float | None = None
+  low_open: bool = False
+  high_open: bool = False
+  also: tuple = ()
+  hint: str = ""  # why, when the bound is not obvious
+
+  def holds(self, x) -> bool:
+    if x in self.also:
+      return True
+    if self.low is not None and (x <= self.low if self.low_open else x < self.low):
+      return False
+    return self.high is None or (x < self.high if self.high_open else x <= self.high)
+
+  def describe(self) -> str:
+    if self.high is None:
+      text = f"{'>' if self.low_open else '>='} {self.low:g}"
+    elif self.low is None:
+      text = f"{'<' if self.high_open else '<='} {self.high:g}"
+    else:
+      text = (
+        f"in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}"
+        f"{')' if self.high_open else ']'}"
+      )
+    return text + "".join(f" or {v}" for v in self.also)
+
+
+def _ranged(default, **range_args):
+  return dataclasses.field(default=default, metadata={"range": Range(**range_args)})
+
+
+def at_least(default, low, **kw):
+  """A numeric field >= `low` (None stays allowed where the type admits it)."""
+  return _ranged(default, low=low, **kw)
+
+
+def above(default, low, **kw):
+  """A numeric field > `low`."""
+  return _ranged(default, low=low, low_open=True, **kw)
+
+
+def between(default, low, high, **kw):
+  """A numeric field in [low, high] (`low_open`, `high_open` for open ends)."""
+  return _ranged(default, low=low, high=high, **kw)
+
+
+def value_range(field: dataclasses.Field) -> Range | None:
+  """The declared range of a field (None: not a numeric field, or not declared)."""
+  return field.metadata.get("range")
+
+
+def is_numeric(field: dataclasses.Field) -> bool:
+  """An int or float field (bools are not numbers here), possibly `| None`."""
+  t = _field_type(field)
+  return t in (int, float)
+
+
+@dataclasses.dataclass(frozen=True)
 class ModelSection:
   """`path`: a local Hugging Face directory, or "" for a random-init model of the sizes below."""
 
   path: str = ""
   architecture: str = "qwen2"
-  hidden_size: int = 64
-  intermediate_size: int = 176
-  num_layers: int = 2
-  num_heads: int = 4
-  num_kv_heads: int = 2
-  head_dim: int | None = None
+  hidden_size: int = at_least(64, 1)
+  intermediate_size: int = at_least(176, 1)
+  num_layers: int = at_least(2, 1)
+  num_heads: int = at_least(4, 1)
+  num_kv_heads: int = at_least(2, 1)
+  head_dim: int | None = at_least(None, 1)
   tie_word_embeddings: bool = True
   dtype: str = "float32"  # compute dtype; "bfloat16" keeps float32 master weights
   param_dtype: str = "float32"
   # Memory (see the README's "Memory" section). Log-probs and entropies come from the final
   # hidden states in chunks of about this many tokens (micro-batch rows x positions), so no
   # pass holds [B, T, V] logits; 0 forms the full logits instead.
-  logprob_chunk_tokens: int = 2048
+  logprob_chunk_tokens: int = at_least(2048, 0)
   remat: str = "none"  # none | full | a jax.checkpoint_policies name (models.REMAT_POLICIES)
   scan_layers: bool = False  # decoder blocks stacked and run as one lax.scan
-  attention_chunk: int = 256  # queries per attention chunk (memory linear in length); 0: all
+  attention_chunk: int = at_least(256, 0)  # queries per chunk (memory linear in length); 0: all
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,12 +117,12 @@ class LoraSection:
   `quant_tile` inputs. The reference policy is the base with the adapters off.
   """
 
-  rank: int = 0
-  alpha: float = 16.0
-  dropout: float = 0.0
+  rank: int = at_least(0, 0)
+  alpha: float = above(16.0, 0, hint="the scale is alpha / rank")
+  dropout: float = between(0.0, 0, 1, high_open=True)
   targets: str = "q,k,v,o,gate,up,down"
   quantize: str = ""  # "" | int8 | int4 | nf4
-  quant_tile: int = 64
+  quant_tile: int = at_least(64, 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,16 +134,16 @@ class TaskSection:
 
   name: str = "arithmetic"
   kwargs: str = ""
-  digits: int = 2
+  digits: int = at_least(2, 1)
   ops: str = "+"
-  count: int = 4
-  max_number: int = 50
+  count: int = at_least(4, 2)
+  max_number: int = at_least(50, 1)
   path: str = ""
   test_path: str = ""
   data_dir: str = ""  # set: examples go through TFDS array_record files prepared here
-  test_fraction: float = 0.2
-  train_examples: int = 4096  # prompts RL draws from (their answers are only used by rewards)
-  prompt_length: int = 8  # the longest prompt, in tokens
+  test_fraction: float = between(0.2, 0, 1, low_open=True, high_open=True)
+  train_examples: int = at_least(4096, 1)  # prompts RL draws from (answers: rewards only)
+  prompt_length: int = at_least(8, 1)  # the longest prompt, in tokens
   prompt_buckets: tuple = ()  # shorter padded lengths to use when a batch fits (few shapes)
   template: str = "plain"  # "plain": the prompt text; "chat": a user turn in the chat template
   # The user's words: "{question}" (an example's question, else its prompt) and "{prompt}"
@@ -101,33 +165,37 @@ class RewardsSection:
   """Shaping terms added to the task's correctness reward (weight 0: off); each is logged
   as reward/<name>."""
 
-  format_weight: float = 0.0  # a GSM8K-style '#### <number>' ending
-  overlong_weight: float = 0.0  # DAPO's soft overlong penalty
-  overlong_cache_tokens: int = 0  # its soft zone; 0: a quarter of rollout.max_new_tokens
-  missing_eos_weight: float = 0.0  # -1 per completion cut off before its EOS
+  # Weights >= 0: each term is a bonus (format) or a penalty (the others) already.
+  format_weight: float = at_least(0.0, 0)  # a GSM8K-style '#### <number>' ending
+  overlong_weight: float = at_least(0.0, 0)  # DAPO's soft overlong penalty
+  overlong_cache_tokens: int = at_least(0, 0)  # its soft zone; 0: a quarter of max_new_tokens
+  missing_eos_weight: float = at_least(0.0, 0)  # -1 per completion cut off before its EOS
 
 
 @dataclasses.dataclass(frozen=True)
 class RolloutSection:
-  prompts_per_step: int = 32
-  group_size: int = 8
-  max_new_tokens: int = 5
-  temperature: float = 1.0
+  prompts_per_step: int = at_least(32, 1)
+  group_size: int = at_least(8, 1)
+  max_new_tokens: int = at_least(5, 1)
+  temperature: float = above(1.0, 0, hint="RL samples; greedy rollouts give no exploration")
   # Truncated sampling: the trainer takes its ratios against the distribution actually
   # sampled (the sampler's log-probs), so set config.algo.correction with either.
-  top_k: int | None = None  # None (or 0): no truncation
-  top_p: float | None = None  # None (or 1.0): no truncation
-  dynamic_sampling: bool = False  # DAPO: replace groups with equal rewards by fresh ones
+  top_k: int | None = at_least(None, 0)  # None (or 0): no truncation
+  top_p: float | None = between(None, 0, 1, low_open=True)  # None (or 1.0): no truncation
+  dynamic_sampling: bool = False  # DAPO: replace groups that carry no signal by fresh ones
+  # What a group must vary in to be kept: "accuracy" (the task's correctness reward: some but
+  # not all samples right, DAPO's Eq. 11) or "score" (the weighted total, shaping included).
+  dynamic_sampling_metric: str = "accuracy"
   # k > 0: step s + k's rollout is sampled before update s, from params up to k updates old
   # (train/producer.py); config.algo.correction weighs the gap.
-  off_policy_steps: int = 0
+  off_policy_steps: int = at_least(0, 0, hint="0: on-policy")
   # "sync": rollouts and updates take turns on one mesh. "async": the sampler has its own
   # devices (`sampler_devices` of them, taken from each process's in equal parts) and its
   # own copy of the params, synced after every update; rollouts for the steps ahead
   # (off_policy_steps >= 1) are generated while the trainer's mesh runs the update.
   mode: str = "sync"
-  sampler_devices: int = 0  # async: 0 takes half the devices
-  max_extra_rounds: int = 2  # rollouts beyond the first that dynamic sampling may take
+  sampler_devices: int = at_least(0, 0)  # async: 0 takes half the devices
+  max_extra_rounds: int = at_least(2, 0)  # rollouts beyond the first that dynamic sampling takes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,8 +208,8 @@ class EnvSection:
   object of the environment's keyword arguments, e.g. '{"turn_cost": 0.05}'."""
 
   name: str = ""
-  max_turns: int = 4
-  max_tokens: int = 64
+  max_turns: int = at_least(4, 1)
+  max_tokens: int = at_least(64, 1)
   kwargs: str = ""
 
 
@@ -157,29 +225,29 @@ class AlgoSection:
   estimator_kwargs: str = ""
   policy_loss: str = "ppo_clip"
   policy_loss_kwargs: str = ""
-  clip_low: float | None = None  # None: the loss's own default
-  clip_high: float | None = None
-  dual_clip: float | None = None
+  clip_low: float | None = at_least(None, 0)  # None: the loss's own default
+  clip_high: float | None = at_least(None, 0)
+  dual_clip: float | None = above(None, 1, hint="Ye et al. use 3")
   aggregation: str = "token-mean"
   kl_placement: str = "loss"  # "loss" (GRPO), "reward" (PPO-RLHF) or "none"
   kl_estimator: str = "k3"
-  kl_coef: float = 0.0
+  kl_coef: float = at_least(0.0, 0)
   kl_mode: str = "fixed"  # or "adaptive" (then kl_target, kl_horizon)
-  kl_target: float | None = None
-  kl_horizon: int | None = None
-  entropy_coef: float = 0.0  # the entropy bonus (its starting value when adaptive)
-  entropy_target: float | None = None  # set: adapt the coefficient toward this entropy
-  entropy_step: float = 1e-3  # the adaptive coefficient's change per step
-  entropy_coef_max: float = 0.05
-  ppo_epochs: int = 1
-  num_minibatches: int = 1
-  micro_batches: int = 1  # gradient accumulation steps per minibatch
-  gamma: float = 1.0
-  lam: float = 0.95
-  adv_eps: float = 1e-6
-  critic_lr: float = 1e-3
-  cliprange_value: float | None = 0.2
-  critic_warmup_steps: int = 0
+  kl_target: float | None = above(None, 0)
+  kl_horizon: int | None = at_least(None, 1)
+  entropy_coef: float = at_least(0.0, 0)  # the entropy bonus (its starting value when adaptive)
+  entropy_target: float | None = above(None, 0)  # set: adapt the coefficient toward this
+  entropy_step: float = above(1e-3, 0)  # the adaptive coefficient's change per step
+  entropy_coef_max: float = at_least(0.05, 0)
+  ppo_epochs: int = at_least(1, 1)
+  num_minibatches: int = at_least(1, 1)
+  micro_batches: int = at_least(1, 1)  # gradient accumulation steps per minibatch
+  gamma: float = between(1.0, 0, 1)
+  lam: float = between(0.95, 0, 1)
+  adv_eps: float = at_least(1e-6, 0)
+  critic_lr: float = above(1e-3, 0)
+  cliprange_value: float | None = above(0.2, 0, hint="None: no value clipping")
+  critic_warmup_steps: int = at_least(0, 0)
   track_kl: bool = False  # keep the reference and log KL to it even when kl_coef is 0
   # Completions cut off at rollout.max_new_tokens: "bootstrap" (GAE continues from the
   # critic's value after the last token), "mask" (left out of the loss, DAPO's overlong
@@ -195,55 +263,55 @@ class AlgoSection:
   # against the sampler's. "none", "token_tis", "sequence_tis", "token_mis", "sequence_mis"
   # or "icepop"; its knobs, where it takes them (None: the correction's own default).
   correction: str = "none"
-  correction_cap: float | None = None  # TIS's truncation C; MIS's band [1/C, C]
-  correction_low: float | None = None  # MIS's and IcePop's band
-  correction_high: float | None = None
+  correction_cap: float | None = above(None, 0)  # TIS's truncation C; MIS's band [1/C, C]
+  correction_low: float | None = above(None, 0)  # MIS's and IcePop's band
+  correction_high: float | None = above(None, 0)
   correction_reduce: str | None = None  # sequence corrections: "product" or "geometric"
 
 
 @dataclasses.dataclass(frozen=True)
 class OptimSection:
-  learning_rate: float = 1e-3
-  warmup_steps: int = 0
+  learning_rate: float = above(1e-3, 0, hint="a negative rate trains away from the reward")
+  warmup_steps: int = at_least(0, 0)
   schedule: str = "constant"  # or "cosine" (decays to 0 over run.steps)
-  weight_decay: float = 0.0
-  b1: float = 0.9
-  b2: float = 0.999
-  grad_clip: float = 1.0
-  max_consecutive_skips: int = 5  # non-finite updates in a row before the run stops
+  weight_decay: float = at_least(0.0, 0)
+  b1: float = between(0.9, 0, 1, high_open=True)
+  b2: float = between(0.999, 0, 1, high_open=True)
+  grad_clip: float = above(1.0, 0, hint="the largest global gradient norm an update keeps")
+  max_consecutive_skips: int = at_least(5, 0)  # non-finite updates in a row before it stops
 
 
 @dataclasses.dataclass(frozen=True)
 class WarmstartSection:
   """Supervised warm start on labelled examples before RL (0 steps: none)."""
 
-  steps: int = 0
-  examples: int = 256
-  batch_size: int = 64
-  learning_rate: float = 3e-3
+  steps: int = at_least(0, 0)
+  examples: int = at_least(256, 1)
+  batch_size: int = at_least(64, 1)
+  learning_rate: float = above(3e-3, 0)
 
 
 @dataclasses.dataclass(frozen=True)
 class MeshSection:
-  data: int = -1  # -1: the devices the other axes leave
-  fsdp: int = 1
-  tensor: int = 1
+  data: int = at_least(-1, 1, also=(-1,))  # -1: the devices the other axes leave
+  fsdp: int = at_least(1, 1)
+  tensor: int = at_least(1, 1)
 
 
 @dataclasses.dataclass(frozen=True)
 class RunSection:
-  steps: int = 100
+  steps: int = at_least(100, 0)
   # > 0: stop once this many completions have been sampled (dynamic sampling's extra rounds
   # count), at most run.steps steps; the way to compare methods at equal samples.
-  sample_budget: int = 0
-  seed: int = 0
+  sample_budget: int = at_least(0, 0, hint="0: run.steps alone")
+  seed: int = at_least(0, 0)
   workdir: str = "runs/default"
-  eval_examples: int = 256
-  eval_batch_size: int = 256
-  eval_every: int = 0  # > 0: held-out greedy accuracy every this many steps (metrics row)
+  eval_examples: int = at_least(256, 1)
+  eval_batch_size: int = at_least(256, 1)
+  eval_every: int = at_least(0, 0)  # > 0: held-out greedy accuracy every this many steps
   tensorboard: bool = True
   progress: bool = True
-  peak_flops_per_device: float | None = None  # for MFU; None: a known accelerator, or measured
+  peak_flops_per_device: float | None = above(None, 0)  # MFU's; None: known or measured
 
 
 @dataclasses.dataclass(frozen=True)
@@ -255,8 +323,9 @@ class CheckpointSection:
   newest good step. `fresh`: move existing checkpoints and metrics aside and start over.
   """
 
-  every: int = 100  # 0: no checkpoints (and no resume)
-  keep: int = 3  # the newest steps kept; the rest are deleted once a newer one is written
+  every: int = at_least(100, 0)  # 0: no checkpoints (and no resume)
+  # The newest steps kept; the rest are deleted once a newer one is written.
+  keep: int = at_least(3, 2, hint="a damaged newest step falls back to the one before it")
   async_save: bool = True  # write files in the background while training goes on
   fresh: bool = False
   directory: str = ""
@@ -270,8 +339,8 @@ class DistributedSection:
   a lone process. Or give all three, e.g. `10.0.0.1:1234`, 4, and this process's index."""
 
   coordinator_address: str = ""
-  num_processes: int = 0
-  process_id: int = -1
+  num_processes: int = at_least(0, 0)
+  process_id: int = at_least(-1, -1)
   local_device_ids: tuple = ()  # the devices this process uses (GPU clusters); (): all
 
 
@@ -304,14 +373,18 @@ class TrainConfig:
 
   @property
   def single_update(self) -> bool:
-    """One optimizer step per rollout, no KL in the reward: the policy that sampled is the one
-    being differentiated, so old log-probs are the differentiated ones, stopped (no extra
-    forward pass); the ratio is then exactly 1 by construction."""
+    """One optimizer step per rollout, no KL in the reward and no adapter dropout: the policy
+    that sampled is the one being differentiated, so old log-probs are the differentiated
+    ones, stopped (no extra forward pass); the ratio is then exactly 1 by construction. With
+    `lora.dropout` the differentiated pass is a noisy one, so old log-probs get their own
+    pass without dropout, as with several updates, and pi_old / pi_behav carries no
+    dropout noise."""
     a = self.algo
     return (
       a.ppo_epochs == 1
       and a.num_minibatches == 1
       and not (a.kl_placement == "reward" and a.kl_coef > 0)
+      and not self.lora.dropout
     )
 
   @property
@@ -420,25 +493,41 @@ def default_config_dict() -> ml_collections.ConfigDict:
   return out
 
 
+SECTIONS = {f.name: type(f.default) for f in dataclasses.fields(TrainConfig)}
+
+
+def unknown_key(path: str) -> str | None:
+  """Why `path` ("algo.estimator") names no setting, with the nearest one; None if it does."""
+  section, _, key = path.partition(".")
+  if section not in SECTIONS:
+    close = difflib.get_close_matches(section, SECTIONS, n=1)
+    hint = f" Did you mean config.{close[0]}?" if close else ""
+    return f"config.{section} is not a section.{hint} Sections: {', '.join(SECTIONS)}."
+  fields = {f.name for f in dataclasses.fields(SECTIONS[section])}
+  key = key.split(".")[0]
+  if not key or key in fields:
+    return None
+  close = difflib.get_close_matches(key, fields, n=1)
+  if close:
+    return f"config.{section}.{key} is not a setting. Did you mean config.{section}.{close[0]}?"
+  return f"config.{section}.{key} is not a setting. Known: {', '.join(sorted(fields))}."
+
+
 def _section(cls, values: dict, prefix: str):
-  fields = {f.name for f in dataclasses.fields(cls)}
   for key in values:
-    if key not in fields:
-      close = difflib.get_close_matches(key, fields, n=1)
-      hint = f" Did you mean config.{prefix}.{close[0]}?" if close else ""
-      raise ConfigError(
-        f"config.{prefix}.{key} is not a setting.{hint} Known: {', '.join(sorted(fields))}."
-      )
+    message = unknown_key(f"{prefix}.{key}")
+    if message:
+      raise ConfigError(message)
   return cls(**values)
 
 
 def from_config_dict(config: Any) -> TrainConfig:
   """Builds and validates a TrainConfig from a ConfigDict (or nested dict)."""
   raw = config.to_dict() if hasattr(config, "to_dict") else dict(config)
-  sections = {f.name: type(f.default) for f in dataclasses.fields(TrainConfig)}
+  sections = SECTIONS
   for key in raw:
     if key not in sections:
-      raise ConfigError(f"config.{key} is not a section; sections: {', '.join(sections)}.")
+      raise ConfigError(unknown_key(key))
   cfg = TrainConfig(
     **{name: _section(cls, dict(raw.get(name, {})), name) for name, cls in sections.items()}
   )

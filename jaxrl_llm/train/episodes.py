@@ -88,9 +88,10 @@ class Renderer:
       known = set(getattr(self.tok, "alphabet", ""))
       return self.tok.encode("".join(c if c in known else "?" for c in text))
 
-  def reply(self, observation, turn_ended: bool) -> list[int]:
-    """The ids after a model turn: the end of its turn (unless the model wrote it), then the
-    observation as a message of its role."""
+  def reply(self, observation, end_id: int | None) -> list[int]:
+    """The ids after a model turn: the end of its turn (unless the model wrote it: `end_id`,
+    the end id its turn stopped on, None when it stopped on none), then the observation as
+    a message of its role."""
     message = observation if isinstance(observation, dict) else {"role": "user"}
     content = observation["content"] if isinstance(observation, dict) else observation
     role = message.get("role", "user")
@@ -100,7 +101,7 @@ class Renderer:
       return self._encode(content)
     before, after = self.wraps.get(role, self.wraps["user"])
     close = self._encode(self.close)
-    if turn_ended and close and close[0] == self.tok.eos_id:
+    if close and close[0] == end_id:
       close = close[1:]
     return close + self._encode(before + content + after)
 
@@ -216,7 +217,7 @@ class EpisodeRunner:
     row.turns += 1
     if not ids:
       return
-    ended = ids[-1] in self.end_ids
+    end_id = ids[-1] if ids[-1] in self.end_ids else None
     text = self.task.tokenizer.decode([i for i in ids if i not in self.end_ids])
     observation, reward, done = _checked_step(row.env, self.name, text, example)
     row.rewards[-1] += reward
@@ -225,7 +226,7 @@ class EpisodeRunner:
     if done or row.turns >= cfg.max_turns:
       row.done = True
       return
-    reply = self.renderer.reply(observation, ended)
+    reply = self.renderer.reply(observation, end_id)
     if len(row.tokens) + len(reply) >= N:  # no room for the model's next token
       row.truncated, row.done = True, True
       return
@@ -346,7 +347,8 @@ class EpisodeProducer:
     self.version = version
     self.runner = runner or EpisodeRunner(learner, task, cfg)
 
-  def next(self, step: int):
+  def next(self, step: int, max_rounds: int | None = None):
+    """Step `step`'s episodes: one round of them (so any `max_rounds` holds)."""
     from jaxrl_llm.train.producer import Rollout  # the producers' shared batch type
 
     learner, cfg, G = self.learner, self.cfg, self.cfg.rollout.group_size

@@ -276,7 +276,7 @@ def _iteration(job: _Job, producer, step: int, n_params: int) -> tuple[dict, int
   count of consecutive non-finite updates."""
   cfg, learner = job.cfg, job.learner
   start = time.perf_counter()
-  rollout = producer.next(step)
+  rollout = producer.next(step, max_rounds=_rounds_left(job))
   waited = time.perf_counter() - start  # for the samples, their scores and the batch
   exp, exp_metrics = learner.experience(rollout.batch)
   update_metrics = learner.update(exp)
@@ -313,6 +313,16 @@ def _stop_if_diverged(job: _Job, step: int, notfinite: int, writer, ckpt) -> Non
     f"{cfg.optim.max_consecutive_skips}). Lower config.optim.learning_rate, check the "
     f"reward functions, or raise the limit. Metrics so far: {writer.path}"
   )
+
+
+def _rounds_left(job: _Job) -> int | None:
+  """The sampling rounds (of a batch each) the step may take within `run.sample_budget`, at
+  least 1; None without a budget. Dynamic sampling's extra rounds stop there, so a budget
+  that is a multiple of the batch is met exactly by every method."""
+  budget = job.cfg.run.sample_budget
+  if not budget:
+    return None
+  return max(1, (budget - job.summary["completions_sampled"]) // job.cfg.batch_size)
 
 
 def _budget_spent(job: _Job) -> bool:

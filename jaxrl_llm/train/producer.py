@@ -91,9 +91,19 @@ def _mean_or_none(x: np.ndarray):
   return float(x.mean()) if x.size else None
 
 
-def scored(learner, task, local, out, cfg):
-  """Rewards of this process's rows (its examples `local`); returns them, every process's
-  (gathered), and the step's statistics over the whole batch."""
+class Scores(NamedTuple):
+  """A rollout's rewards: this process's rows' totals (`local_B`), every process's
+  (`all_B`, gathered), every process's correctness reward (`correct_B`, the task's first
+  reward function, unweighted), and the step's statistics over the whole batch."""
+
+  local_B: np.ndarray
+  all_B: np.ndarray
+  correct_B: np.ndarray
+  stats: dict
+
+
+def scored(learner, task, local, out, cfg) -> Scores:
+  """Rewards of this process's rows (its examples `local`), see `Scores`."""
   tokens, mask, truncated = (
     hosts.to_local(x) for x in (out.tokens_BxN, out.mask_BxN, out.truncated_B)
   )
@@ -122,42 +132,49 @@ def scored(learner, task, local, out, cfg):
     "truncation_rate": float(truncated.mean()),
   }
   stats |= {f"reward/{k}": float(v.mean()) for k, v in parts.items()}
-  return total, all_total, stats
+  return Scores(total, all_total, np.asarray(first, np.float32), stats)
 
 
-def _host_round(prompt, out, scores):
+def _host_round(prompt, out, scores: Scores, metric: str):
   """A rollout gathered on every host, for dynamic sampling to pick groups from."""
   gathered = lambda x: hosts.gather(hosts.to_local(x))
   prompt_BxP, prompt_mask_BxP = (gathered(x) for x in prompt)
   tokens, mask, logp = (gathered(x) for x in (out.tokens_BxN, out.mask_BxN, out.logprobs_BxN))
+  filter_B = scores.correct_B if metric == "accuracy" else scores.all_B
   return dynamic.Round(
-    prompt_BxP, prompt_mask_BxP, tokens, mask, scores, gathered(out.truncated_B), logp
-  )
+    prompt_BxP, prompt_mask_BxP, tokens, mask, scores.all_B, gathered(out.truncated_B), logp,
+    filter_B,
+  )  # fmt: skip
 
 
-def refilled(learner, task, stream, cfg, key, step, prompt, out, scores):
-  """Dynamic sampling: further rollouts until the batch holds enough informative groups.
+def refilled(learner, task, stream, cfg, key, step, prompt, out, scores: Scores, max_rounds=None):
+  """Dynamic sampling: further rollouts until the batch holds enough informative groups
+  (groups whose `rollout.dynamic_sampling_metric` values are not all equal), at most
+  `rollout.max_extra_rounds` of them and `max_rounds` rounds in all (the sample budget's).
 
-  `scores` are the whole batch's; the rounds are assembled on every host alike, and each
+  The rounds are assembled on every host alike from the whole batch's scores, and each
   process then contributes its rows of the result. Groups that are still uninformative
   when the extra rounds run out are left out of the loss. Returns the batch, statistics,
   and the (prompt length, decode steps) of each extra round.
   """
   G, wanted = cfg.rollout.group_size, cfg.rollout.prompts_per_step
-  rounds, shapes = [_host_round(prompt, out, scores)], []
-  zero_variance = 1.0 - float(dynamic.informative_groups(scores, G).mean())
+  metric = cfg.rollout.dynamic_sampling_metric
+  limit = 1 + cfg.rollout.max_extra_rounds
+  limit = limit if max_rounds is None else min(limit, max_rounds)
+  rounds, shapes = [_host_round(prompt, out, scores, metric)], []
+  zero_variance = 1.0 - float(dynamic.informative_groups(rounds[0].filter_B, G).mean())
   while (
-    sum(int(dynamic.informative_groups(r.scores_B, G).sum()) for r in rounds) < wanted
-    and len(rounds) <= cfg.rollout.max_extra_rounds
+    sum(int(dynamic.informative_groups(r.filter_B, G).sum()) for r in rounds) < wanted
+    and len(rounds) < limit
   ):
     local = next(stream)
     rng = jax.random.fold_in(jax.random.fold_in(key, step), len(rounds))
     prompt, out = sample(learner, task, local, cfg, rng)
-    _, all_scores, stats = scored(learner, task, local, out, cfg)
-    rounds.append(_host_round(prompt, out, all_scores))
-    shapes.append((prompt[0].shape[1], int(stats["response_length_max"])))
+    extra = scored(learner, task, local, out, cfg)
+    rounds.append(_host_round(prompt, out, extra, metric))
+    shapes.append((prompt[0].shape[1], int(extra.stats["response_length_max"])))
   batch = dynamic.assemble(rounds, G, wanted, task.tokenizer.pad_id)
-  informative_G = dynamic.informative_groups(batch.scores_B, G)
+  informative_G = dynamic.informative_groups(batch.filter_B, G)
   stats = {
     "zero_variance_group_fraction": zero_variance,
     "dynamic_extra_rounds": len(shapes),
@@ -195,15 +212,17 @@ class RolloutProducer:
     """The samples as arrays of the learner's mesh (they are already)."""
     return out
 
-  def next(self, step: int) -> Rollout:
-    """Step `step`'s scored batch; off-policy, first dispatches the rollout `ahead` steps on."""
+  def next(self, step: int, max_rounds: int | None = None) -> Rollout:
+    """Step `step`'s scored batch; off-policy, first dispatches the rollout `ahead` steps on.
+    `max_rounds`: the most sampling rounds the batch may take (dynamic sampling's extra
+    ones included); None: `rollout.max_extra_rounds` alone."""
     if not self.pending:
       self._dispatch(step)
     job = self.pending.popleft()
     last = self.cfg.run.steps - 1
     while len(self.pending) < self.ahead and step + 1 + len(self.pending) <= last:
       self._dispatch(step + 1 + len(self.pending))
-    return self._scored(job, step)
+    return self._scored(job, step, max_rounds)
 
   def updated(self, step: int) -> None:
     """Update `step` was dispatched; on-policy, the next step's rollout samples from it."""
@@ -211,14 +230,15 @@ class RolloutProducer:
     if not self.ahead and step + 1 < self.cfg.run.steps:
       self._dispatch(step + 1)
 
-  def _scored(self, job: InFlight, step: int) -> Rollout:
+  def _scored(self, job: InFlight, step: int, max_rounds: int | None = None) -> Rollout:
     learner, task, cfg = self.learner, self.task, self.cfg
     prompt, out = job.prompt, self._on_trainer(job.out)
-    scores, all_scores, stats = scored(learner, task, job.local, out, cfg)
+    scores = scored(learner, task, job.local, out, cfg)
+    stats = scores.stats
     rounds = [(prompt[0].shape[1], int(stats["response_length_max"]))]
     if cfg.rollout.dynamic_sampling:
       batch, dynamic_stats, extra = refilled(
-        learner, task, self.stream, cfg, self.key, step, prompt, out, all_scores
+        learner, task, self.stream, cfg, self.key, step, prompt, out, scores, max_rounds
       )
       stats |= dynamic_stats
       rounds += extra
@@ -227,7 +247,7 @@ class RolloutProducer:
         *prompt,
         out.tokens_BxN,
         out.mask_BxN,
-        learner.shard_batch(scores),
+        learner.shard_batch(scores.local_B),
         out.truncated_B,
         behav_logp_BxN=out.logprobs_BxN,
       )

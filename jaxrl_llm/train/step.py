@@ -166,6 +166,14 @@ def loss_mask(batch: Batch, cfg: TrainConfig):
   return trained_tokens(batch) & rows_B[:, None]
 
 
+def state_after_last_token(mask_BxN):
+  """`[B]` int: the index into `[B, N + 1]` values of the state after each row's last real
+  token (the count of slots up to and including it; 0 for an empty row)."""
+  N = mask_BxN.shape[-1]
+  real_BxN = mask_BxN > 0
+  return jnp.where(real_BxN.any(-1), N - jnp.argmax(real_BxN[:, ::-1], axis=-1), 0)
+
+
 def _rows_over_mesh(fn):
   """Traces `fn` with the model's activations split by rows over its `mesh` argument."""
 
@@ -222,8 +230,11 @@ def make_experience(
     )
     values = values_BxN1[:, :-1]
     if cfg.truncation == "bootstrap" and batch.truncated_B is not None:
-      # A cut-off completion did not end: its return continues from V(s_N).
-      bootstrap_B = jnp.where(batch.truncated_B, values_BxN1[:, -1], 0.0)
+      # A cut-off row did not end: its return continues from the value of the state after
+      # its last real token (an episode may stop short of slot N when a reply cannot fit).
+      after_B = state_after_last_token(batch.mask_BxN)
+      v_after_B = jnp.take_along_axis(values_BxN1, after_B[:, None], axis=1)[:, 0]
+      bootstrap_B = jnp.where(batch.truncated_B, v_after_B, 0.0)
   kl_BxN = jnp.where(mask_BxN, core.kl_penalty(old_logp, ref_logp, a.kl_estimator), 0.0)
   if batch.token_rewards_BxN is None:
     rewards_BxN = core.scores_to_token_rewards(batch.scores_B, mask_BxN)
@@ -305,9 +316,10 @@ def policy_objective(
     loss = loss - entropy_coef * agg(ent)
   metrics = metrics | {"pg_loss": pg_loss, "entropy": core.masked_mean(ent, mask)}
   if cfg.uses_reference:  # per-sequence KL to the reference: the configured estimator, and k3
+    in_loss_B = jnp.any(mask, axis=-1)  # rows with no loss token would dilute the mean
     for name, estimator in (("kl_ref", a.kl_estimator), ("kl_ref_k3", "k3")):
       kl_BxN = core.kl_penalty(jax.lax.stop_gradient(logp), exp.ref_logp_BxN, estimator)
-      metrics[name] = jnp.mean(jnp.sum(jnp.where(mask, kl_BxN, 0.0), axis=-1))
+      metrics[name] = core.masked_mean(jnp.sum(jnp.where(mask, kl_BxN, 0.0), axis=-1), in_loss_B)
   return loss, metrics
 
 
@@ -334,30 +346,37 @@ def critic_objective(params, exp: Experience, denominator, *, critic_def, cfg: T
 # minibatches. Every other metric is a masked mean over tokens, combined weighted by the
 # tokens each piece holds, so it is the whole batch's however the batch was split.
 LOSS_SHARES = ("pg_loss", "value_loss")  # a micro-batch's additive share of the loss
-PER_SEQUENCE = ("kl_ref", "kl_ref_k3")  # means over rows (every micro-batch holds as many)
+PER_SEQUENCE = ("kl_ref", "kl_ref_k3")  # means over the rows that have loss tokens
 PER_UPDATE = ("loss", "grad_norm", "critic_grad_norm", "learning_rate", "critic_learning_rate")
 TOKENS = "response_tokens"  # the loss mask's count of each piece
+ROWS = "loss_rows"  # the count of each piece's rows with at least one loss token
+
+
+def _weights(counts):
+  return counts / jnp.maximum(counts.sum(0), 1.0)
 
 
 def combine_metrics(stacked: dict, sum_keys=()) -> dict:
   """Metrics stacked over pieces of a batch (leading axis) to the whole batch's.
 
   `sum_keys` add up (loss shares); `*_min` and `*_max` take the min and max; per-row
-  and per-update values average; the rest are token means, weighted by `TOKENS`.
+  means are weighted by the rows each piece holds (`ROWS`), per-update values average; the
+  rest are token means, weighted by `TOKENS`.
   """
-  tokens = stacked[TOKENS]
-  weights = tokens / jnp.maximum(tokens.sum(0), 1.0)
+  tokens, rows = stacked[TOKENS], stacked[ROWS]
 
   def combine(key, x):
-    if key == TOKENS or key in sum_keys:
+    if key in (TOKENS, ROWS) or key in sum_keys:
       return x.sum(0)
     if key.endswith("_min"):
       return x.min(0)
     if key.endswith("_max"):
       return x.max(0)
-    if key in PER_SEQUENCE or key in PER_UPDATE or key in LOSS_SHARES:
+    if key in PER_SEQUENCE:
+      return (x * _weights(rows)).sum(0)
+    if key in PER_UPDATE or key in LOSS_SHARES:
       return x.mean(0)
-    return (x * weights).sum(0)
+    return (x * _weights(tokens)).sum(0)
 
   return {k: combine(k, v) for k, v in stacked.items()}
 
@@ -372,7 +391,11 @@ def _accumulate(objective, params, micro_exps, denominator, *extra, keys=None):
     fn = objective if key is None else functools.partial(objective, dropout_key=key)
     (loss, metrics), grads = jax.value_and_grad(fn, has_aux=True)(params, exp, denominator, *extra)
     total_loss, total_grads = carry
-    metrics = metrics | {TOKENS: jnp.sum(exp.loss_mask_BxN, dtype=jnp.float32)}
+    mask = exp.loss_mask_BxN
+    metrics |= {
+      TOKENS: jnp.sum(mask, dtype=jnp.float32),
+      ROWS: jnp.sum(jnp.any(mask, axis=-1), dtype=jnp.float32),
+    }
     return (total_loss + loss, jax.tree.map(jnp.add, total_grads, grads)), metrics
 
   zero = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, params))
@@ -382,9 +405,9 @@ def _accumulate(objective, params, micro_exps, denominator, *extra, keys=None):
 
 def reduce_metrics(stacked: dict) -> dict:
   """An iteration's per-minibatch metrics to one value each (see `combine_metrics`);
-  the count of loss tokens is dropped."""
+  the counts of loss tokens and rows are dropped."""
   out = combine_metrics(stacked)
-  out.pop(TOKENS)
+  out.pop(TOKENS), out.pop(ROWS)
   return out
 
 
@@ -465,7 +488,7 @@ def update(
       critic, critic_opt, c_lr = _apply(
         optimizers[1], schedules[1], c_grads, critic_opt, critic, True
       )
-      c_metrics.pop(TOKENS)
+      c_metrics.pop(TOKENS), c_metrics.pop(ROWS)
       metrics = metrics | c_metrics
       metrics |= {"critic_grad_norm": optax.tree.norm(c_grads), "critic_learning_rate": c_lr}
     return (policy, policy_opt, critic, critic_opt), metrics
@@ -478,7 +501,7 @@ def update(
   kl = state.kl
   if cfg.uses_reference:  # the rollout policy's per-sequence KL (the first minibatch's)
     kl = kl_controller(cfg).update(state.kl, metrics["kl_ref"][0], cfg.batch_size)
-  step_entropy = combine_metrics({"entropy": metrics["entropy"], TOKENS: metrics[TOKENS]})
+  step_entropy = combine_metrics({k: metrics[k] for k in ("entropy", TOKENS, ROWS)})
   entropy = entropy_controller(cfg).update(state.entropy, step_entropy["entropy"])
   new = state._replace(
     step=state.step + 1,

@@ -2,6 +2,7 @@
 cannot work (a `ConfigError` naming the key and the fix), `advice` lists settings that run
 but usually spoil a run. One function per section of the config."""
 
+import dataclasses
 import inspect
 import json
 from typing import TYPE_CHECKING
@@ -24,10 +25,29 @@ class ConfigError(ValueError):
 def validate(cfg: "TrainConfig", num_devices: int | None = None) -> None:
   """Raises ConfigError for settings that cannot work together; with `num_devices`, also
   for a mesh or batch that does not fit them."""
+  _ranges(cfg)
   for check in (_algo, _correction, _rollout, _env, _batching, _run, _task, _model, _lora):
     check(cfg)
   if num_devices is not None:
     _mesh(cfg, num_devices)
+
+
+def _ranges(cfg: "TrainConfig") -> None:
+  """Every numeric key inside the range declared beside its field (`config.Range`)."""
+  from jaxrl_llm.train.config import value_range
+
+  for section in dataclasses.fields(cfg):
+    values = getattr(cfg, section.name)
+    for field in dataclasses.fields(values):
+      allowed, value = value_range(field), getattr(values, field.name)
+      if allowed is None or value is None or isinstance(value, bool):
+        continue
+      hint = f" ({allowed.hint})" if allowed.hint else ""
+      _check(
+        isinstance(value, (int, float)) and allowed.holds(value),
+        f"config.{section.name}.{field.name}={value!r} is out of range: it must be "
+        f"{allowed.describe()}{hint}.",
+      )
 
 
 def _check(ok: bool, message: str) -> None:
@@ -61,6 +81,14 @@ def advice(cfg: "TrainConfig") -> list[str]:
       "config.algo.correction="
       "'token_tis' (or another correction) to weight each token by pi_old / pi_behav."
     )
+  if clip_knobs_inert(cfg):
+    notes.append(
+      f"config.algo.policy_loss={cfg.algo.policy_loss!r} clips the ratio to the old policy, "
+      "but with config.algo.ppo_epochs=1 and config.algo.num_minibatches=1 each rollout "
+      "gets one update, whose ratio is exactly 1: no clip knob (clip_low, clip_high, "
+      "dual_clip) can act. Set config.algo.num_minibatches=2 (or more), or "
+      "config.algo.ppo_epochs=2, for the clip to matter."
+    )
   lora = cfg.lora.rank > 0  # adapters train at about 10x full fine-tuning's rate
   if cfg.model.path and cfg.optim.learning_rate >= PRETRAINED_MAX_LR * (10 if lora else 1):
     usual = "1e-5..1e-4 with LoRA adapters" if lora else "1e-6..1e-5"
@@ -87,6 +115,7 @@ def _algo(cfg: "TrainConfig") -> None:
   _kwargs(a.estimator_kwargs, "algo.estimator_kwargs", estimator, a.estimator)
   _kwargs(a.policy_loss_kwargs, "algo.policy_loss_kwargs", core.POLICY_LOSSES[a.policy_loss],
           a.policy_loss)  # fmt: skip
+  _shared_clip_knobs(cfg)
   _known(a.aggregation, core.AGGREGATION_MODES, "algo.aggregation")
   _known(a.kl_estimator, core.KL_ESTIMATORS, "algo.kl_estimator")
   _check(
@@ -140,6 +169,38 @@ def _algo(cfg: "TrainConfig") -> None:
     )
 
 
+CLIP_KNOBS = ("clip_low", "clip_high", "dual_clip")
+
+
+def _takes(fn, name: str) -> bool:
+  params = inspect.signature(fn).parameters
+  return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
+def _shared_clip_knobs(cfg: "TrainConfig") -> None:
+  """A shared clip knob set for a loss that does not take it would do nothing: refused."""
+  a = cfg.algo
+  loss = core.POLICY_LOSSES[a.policy_loss]
+  takes = [k for k in CLIP_KNOBS if _takes(loss, k)]
+  for key in CLIP_KNOBS:
+    _check(
+      getattr(a, key) is None or key in takes,
+      f"config.algo.{key}={getattr(a, key)} is set, but config.algo.policy_loss="
+      f"{a.policy_loss!r} does not take {key}, so it would do nothing; unset it"
+      + (f" ({a.policy_loss!r} takes {', '.join(takes)})" if takes else "")
+      + ", or choose a loss that takes it (see the policy loss table in the README).",
+    )
+
+
+def clip_knobs_inert(cfg: "TrainConfig") -> bool:
+  """A clip-based loss with one optimizer step per rollout and no behaviour correction: its
+  ratio to the recomputed old log-probs is exactly 1, so no clip can act."""
+  a = cfg.algo
+  loss = core.POLICY_LOSSES[a.policy_loss]
+  clipped = any(_takes(loss, k) for k in CLIP_KNOBS)
+  return clipped and a.ppo_epochs * a.num_minibatches == 1 and a.correction == "none"
+
+
 def _correction(cfg: "TrainConfig") -> None:
   a = cfg.algo
   _known(a.correction, core.CORRECTIONS, "algo.correction")
@@ -159,13 +220,12 @@ def _correction(cfg: "TrainConfig") -> None:
 
 def _rollout(cfg: "TrainConfig") -> None:
   r = cfg.rollout
-  for key in ("prompts_per_step", "group_size", "max_new_tokens"):
-    _check(getattr(r, key) >= 1, f"config.rollout.{key} must be >= 1.")
-  _check(
-    r.off_policy_steps >= 0,
-    f"config.rollout.off_policy_steps={r.off_policy_steps} must be >= 0 (0: on-policy).",
-  )
   _check(r.mode in ("sync", "async"), f"config.rollout.mode={r.mode!r}; use 'sync' or 'async'.")
+  _check(
+    r.dynamic_sampling_metric in ("accuracy", "score"),
+    f"config.rollout.dynamic_sampling_metric={r.dynamic_sampling_metric!r}; use 'accuracy' "
+    "(the task's correctness reward) or 'score' (the weighted total).",
+  )
   if r.mode == "async":
     _check(
       r.off_policy_steps >= 1,
@@ -177,11 +237,6 @@ def _rollout(cfg: "TrainConfig") -> None:
       "config.rollout.dynamic_sampling draws its extra rounds from the trainer's current "
       "params, which config.rollout.mode='async' keeps on other devices; use mode='sync'.",
     )
-  _check(
-    r.temperature > 0,
-    "config.rollout.temperature must be > 0 for RL (sampling); "
-    "greedy rollouts give no exploration.",
-  )
 
 
 def _env(cfg: "TrainConfig") -> None:
@@ -191,7 +246,6 @@ def _env(cfg: "TrainConfig") -> None:
   from jaxrl_llm.envs import ENVIRONMENTS  # host Python only: no JAX before distributed start
 
   _known(e.name, ENVIRONMENTS, "env.name")
-  _check(e.max_turns >= 1, f"config.env.max_turns={e.max_turns} must be >= 1.")
   _check(
     e.max_tokens >= r.max_new_tokens,
     f"config.env.max_tokens={e.max_tokens} (an episode's tokens after the prompt) must hold "
@@ -208,8 +262,6 @@ def _env(cfg: "TrainConfig") -> None:
 def _batching(cfg: "TrainConfig") -> None:
   """Minibatches and micro-batches that divide the batch, and groups that fit them."""
   a, r = cfg.algo, cfg.rollout
-  for key in ("ppo_epochs", "num_minibatches", "micro_batches"):
-    _check(getattr(a, key) >= 1, f"config.algo.{key} must be >= 1.")
   _check(
     cfg.batch_size % a.num_minibatches == 0,
     f"config.algo.num_minibatches={a.num_minibatches} must divide the batch of "
@@ -231,17 +283,6 @@ def _batching(cfg: "TrainConfig") -> None:
 
 
 def _run(cfg: "TrainConfig") -> None:
-  _check(
-    cfg.run.sample_budget >= 0,
-    f"config.run.sample_budget={cfg.run.sample_budget} must be >= 0 (0: run.steps alone).",
-  )
-  _check(cfg.run.eval_every >= 0, "config.run.eval_every must be >= 0 (0: no evaluation).")
-  _check(cfg.checkpoint.every >= 0, "config.checkpoint.every must be >= 0 (0: no checkpoints).")
-  _check(
-    cfg.checkpoint.keep >= 2,
-    "config.checkpoint.keep must be >= 2, so that a damaged newest step can fall back to "
-    "the one before it.",
-  )
   _check(
     cfg.optim.schedule in ("constant", "cosine"),
     f"config.optim.schedule={cfg.optim.schedule!r}; use 'constant' or 'cosine'.",
@@ -318,15 +359,6 @@ def _task(cfg: "TrainConfig") -> None:
 
 def _model(cfg: "TrainConfig") -> None:
   _check(
-    cfg.model.logprob_chunk_tokens >= 0,
-    f"config.model.logprob_chunk_tokens={cfg.model.logprob_chunk_tokens} must be >= 0 "
-    "(0: full logits).",
-  )
-  _check(
-    cfg.model.attention_chunk >= 0,
-    f"config.model.attention_chunk={cfg.model.attention_chunk} must be >= 0 (0: no chunks).",
-  )
-  _check(
     cfg.model.remat in REMAT_POLICIES,
     f"config.model.remat={cfg.model.remat!r} is unknown; use one of {sorted(REMAT_POLICIES)}.",
   )
@@ -346,7 +378,6 @@ def _model(cfg: "TrainConfig") -> None:
 
 def _lora(cfg: "TrainConfig") -> None:
   c = cfg.lora
-  _check(c.rank >= 0, f"config.lora.rank={c.rank} must be >= 0 (0: full fine-tuning).")
   if not c.rank:
     _check(
       not c.quantize,
@@ -358,8 +389,6 @@ def _lora(cfg: "TrainConfig") -> None:
     resolve_targets(c.targets)
   except ValueError as e:
     raise ConfigError(f"config.lora.targets={c.targets!r}: {e}") from None
-  _check(c.alpha > 0, f"config.lora.alpha={c.alpha} must be positive (the scale is alpha/rank).")
-  _check(0.0 <= c.dropout < 1.0, f"config.lora.dropout={c.dropout} must be in [0, 1) (0: none).")
   _check(
     not (c.dropout and cfg.model.scan_layers),
     "config.lora.dropout > 0 draws one mask per adapter call, which scanned layers would "
@@ -369,7 +398,6 @@ def _lora(cfg: "TrainConfig") -> None:
     c.quantize in ("",) + tuple(QUANT_TYPES),
     f"config.lora.quantize={c.quantize!r} is unknown; use '', {', '.join(QUANT_TYPES)}.",
   )
-  _check(c.quant_tile > 0, f"config.lora.quant_tile={c.quant_tile} must be positive.")
 
 
 def _mesh(cfg: "TrainConfig", num_devices: int) -> None:

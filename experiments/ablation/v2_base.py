@@ -35,13 +35,15 @@ def get_config():
 def smollm2_config():
   """The real-model slice (suite `v2_smollm2`): experiments/smollm2_arithmetic.py, the
   SmolLM2-135M-Instruct recipe (lr 1e-5, temperature 0.7, chat template, 8 prompts x 8
-  samples), cut to SMOLLM2_STEPS steps so that 4 methods x 3 seeds fit in about an hour
+  samples), cut to SMOLLM2_STEPS steps so that 4 methods x 3 seeds fit in a few hours
   on 2 CPU cores (the recipe's held-out accuracy is at 0.61 by step 10 of its 40), with the
   KL to the starting model logged for every method, held-out accuracy on 128 questions
-  every 8 steps, and every run stopped at SMOLLM2_STEPS x 64 completions. The method files
-  then set their own algorithm."""
+  every 8 steps, and every run stopped at SMOLLM2_STEPS x 64 completions. Each rollout
+  gets two optimizer steps (2 minibatches of 32; the recipe takes one, accumulated over 2
+  micro-batches), so the second sees a ratio off 1 and the clip knobs (DAPO's clip-higher,
+  PPO's clip) act. The method files then set their own algorithm."""
   c = smollm2_arithmetic.get_config()
-  c.algo.update(track_kl=True)
+  c.algo.update(track_kl=True, num_minibatches=2, micro_batches=1)
   c.run.update(
     steps=SMOLLM2_STEPS,
     sample_budget=SMOLLM2_STEPS * c.rollout.prompts_per_step * c.rollout.group_size,

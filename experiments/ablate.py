@@ -6,7 +6,7 @@
 For each task of the suite the runner warm-starts one policy (supervised, on labelled
 problems) and exports it; every method and seed then starts from that same policy
 (`model.path`). Each run is `python -m jaxrl_llm.train --config
-experiments/ablation/<method>.py` in its own process, under
+experiments/configs/ablation/<method>.py` in its own process, under
 `<out>/runs/<task>/<method>/seed<k>/`. The grid is resumable: a run with a
 `summary.json` is done and skipped, a killed run resumes from its checkpoints. When
 the grid is done, `<out>/results.json` collects what the report needs, and
@@ -28,8 +28,8 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from experiments import claims, provenance
-from experiments.suites import SMOKE, SUITES, Suite
+from experiments.lib import claims, provenance
+from experiments.lib.suites import SMOKE, SUITES, Suite
 
 REPO = Path(__file__).resolve().parents[1]
 FINAL_FRACTION = 0.1  # "final" KL, entropy, lengths, clip fraction: the mean over the last 10%
@@ -101,7 +101,7 @@ def run_one(
   settings |= SMOKE if smoke else {}
   if _is_done(workdir, settings["run.steps"]):
     return False
-  config = suite.config(f"experiments/ablation/{method}.py")
+  config = suite.config(f"experiments/configs/ablation/{method}.py")
   base = [sys.executable, "-m", "jaxrl_llm.train", "--config", config]
   _run(base + _flags(settings), workdir / "log.txt", out, suite.env)
   return True
@@ -336,8 +336,8 @@ def report(results: dict, suite: Suite, out: Path) -> Path:
       else "."
     ),
     *[
-      f"- Rerun: {', '.join(r['methods'])} at commit {r['commit']} ({r['date']}, "
-      f"{r['machine']}; `{r['command']}`, {r['wall_minutes']:.1f} min): {r['why']}"
+      f"- Rerun of {', '.join(r['methods'])} at commit {r['commit']} ({r['date']}, "
+      f"{r['machine']}; {r['wall_minutes']:.1f} min): `{r['command']}`"
       for r in meta.get("reruns", [])
     ],
     f"- Generated {meta['date']} by `experiments/ablate.py` from `results.json`.",

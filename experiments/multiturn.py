@@ -2,9 +2,9 @@
 
   python -m experiments.multiturn [--tasks calculator,guess] [--seeds 2]
 
-calculator: experiments/tools_calculator.py, with the calculator tool and without it
+calculator: experiments/configs/tools_calculator.py, with the calculator tool and without it
 (`use_tools=false`: calls get an error and the warm start only answers straight away).
-guess: experiments/tools_guess.py, with "higher"/"lower" replies and without
+guess: experiments/configs/tools_guess.py, with "higher"/"lower" replies and without
 (`feedback=false`: every miss gets "?"). Each run starts from scratch in a temporary
 directory (warm start, then GRPO); held-out greedy success is logged every 25 steps.
 Writes experiments/results/multiturn/<task>.json (every run's curves and per-step
@@ -20,14 +20,14 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments import provenance
 from experiments.benchmarks.common import machine
+from experiments.lib import provenance
 from jaxrl_llm.train import from_config_dict, train
 
 OUT = Path(__file__).resolve().parent / "results" / "multiturn"
 TASKS = {
-  "calculator": ("experiments.tools_calculator", {"use_tools": False}, "tool_call_rate"),
-  "guess": ("experiments.tools_guess", {"feedback": False}, "turns_per_episode"),
+  "calculator": ("experiments.configs.tools_calculator", {"use_tools": False}, "tool_call_rate"),
+  "guess": ("experiments.configs.tools_guess", {"feedback": False}, "turns_per_episode"),
 }
 LABELS = {"calculator": ("with the tool", "no tool"), "guess": ("with feedback", "no feedback")}
 LOGGED = (

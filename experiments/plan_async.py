@@ -3,7 +3,7 @@
   python -m experiments.plan_async [--model qwen2.5-1.5b] [--target v5e-16]
       [--splits v5e:2x2+v5e:2x6,v5e:2x4+v5e:2x4,v5e:2x6+v5e:2x2]
 
-Workload: experiments/plan_grpo.py (GRPO with a reference model, 2048-token completions
+Workload: experiments/configs/plan_grpo.py (GRPO with a reference model, 2048-token completions
 after 512-token prompts, bf16 compute, scanned layers, chunked log-probs and attention,
 `model.remat=full`), with 24 prompts x 16 completions so that the batch of 384 rows
 splits over 4, 12 and 16 chips. Each program is compiled for the target's compile-only
@@ -33,9 +33,9 @@ import time
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-from experiments import provenance  # noqa: E402
 from experiments.benchmarks.common import machine, write_jsonl  # noqa: E402
-from experiments.plan_grpo import get_config  # noqa: E402
+from experiments.configs.plan_grpo import get_config  # noqa: E402
+from experiments.lib import provenance  # noqa: E402
 from experiments.plan_table import OUT  # noqa: E402
 from jaxrl_llm import plan as plan_lib  # noqa: E402
 from jaxrl_llm.plan import programs as programs_lib  # noqa: E402
@@ -47,7 +47,7 @@ SAMPLER, TRAINER = ("prefill", "decode_step"), ("experience", "update")
 
 def config(model: str, chips: int):
   c = get_config()
-  c.model.update(path=f"experiments/plan_models/{model}", remat="full")
+  c.model.update(path=f"experiments/configs/plan_models/{model}", remat="full")
   c.rollout.update(prompts_per_step=PROMPTS, group_size=GROUP)
   c.mesh.update(data=-1, fsdp=chips)
   c.algo.update(micro_batches=PROMPTS * GROUP // chips)  # one row per chip per micro-batch

@@ -6,7 +6,7 @@
       --targets v5e-8,h100x1                  # LoRA and QLoRA against full fine-tuning
   python -m experiments.plan_table --table lora
 
-Workload: experiments/plan_grpo.py (GRPO with a reference model, 16 x 16 completions,
+Workload: experiments/configs/plan_grpo.py (GRPO with a reference model, 16 x 16 completions,
 512 + 2048 tokens, bf16 compute over float32 master weights, scanned layers, chunked
 log-probs and attention). Per row the mesh is FSDP over every chip and a micro-batch holds
 one row per chip (the smallest that still splits over the mesh). The update step, the
@@ -33,14 +33,14 @@ from pathlib import Path
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 from experiments.benchmarks.common import machine  # noqa: E402
-from experiments.plan_grpo import get_config  # noqa: E402
+from experiments.configs.plan_grpo import get_config  # noqa: E402
 from jaxrl_llm import plan as plan_lib  # noqa: E402
 from jaxrl_llm.plan import programs as programs_lib  # noqa: E402
 from jaxrl_llm.train import from_config_dict  # noqa: E402
 
 MODELS = ["qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b", "llama-3.1-8b"]
 TARGETS = ["v5e-8", "v5e-16", "v5p-8", "v6e-8", "h100x8", "h200x8"]
-CHUNK = 2048  # experiments/plan_grpo.py's model.logprob_chunk_tokens
+CHUNK = 2048  # experiments/configs/plan_grpo.py's model.logprob_chunk_tokens
 OUT = Path(__file__).parent / "results" / "plan"
 GiB = 2**30
 
@@ -65,7 +65,9 @@ def config(
   for key, value in FINETUNE[finetune].items():
     section, name = key.split(".")
     c[section][name] = value
-  c.model.update(path=f"experiments/plan_models/{model}", remat=remat, logprob_chunk_tokens=chunk)
+  c.model.update(
+    path=f"experiments/configs/plan_models/{model}", remat=remat, logprob_chunk_tokens=chunk
+  )
   c.mesh.update(data=-1, fsdp=chips)
   c.algo.update(micro_batches=c.rollout.prompts_per_step * c.rollout.group_size // micro_rows)
   return from_config_dict(c)

@@ -17,8 +17,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments import provenance
 from experiments.benchmarks.common import write_jsonl
+from experiments.lib import provenance
 from jaxrl_llm.models import load_model, lora
 from jaxrl_llm.models.gguf import convert, smollm2_path
 

@@ -1,7 +1,7 @@
 """Runs an experiment file from scratch and appends its result, with the machine and the
 commit, to a committed JSONL file; the README's figures for a run come from such a file.
 
-  python -m experiments.record_run --config experiments/default.py \
+  python -m experiments.record_run --config experiments/configs/default.py \
       --out experiments/results/default_run.jsonl [--config.<key>=<value> ...]
 
 The run goes to a fresh temporary directory (never resuming), so the recorded time is
@@ -16,11 +16,13 @@ import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from experiments import provenance
 from experiments.benchmarks.common import write_jsonl
+from experiments.lib import provenance
 from jaxrl_llm.train import from_config_dict, train
 
-_CONFIG = config_flags.DEFINE_config_file("config", "experiments/default.py", "Experiment file.")
+_CONFIG = config_flags.DEFINE_config_file(
+  "config", "experiments/configs/default.py", "Experiment file."
+)
 _OUT = flags.DEFINE_string("out", None, "JSONL file to append the result to.", required=True)
 
 

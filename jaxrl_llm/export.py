@@ -39,8 +39,8 @@ from jaxrl_llm.models import lora as lora_lib
 from jaxrl_llm.models.config import from_hf_config
 from jaxrl_llm.train import state as state_lib
 from jaxrl_llm.train.checkpoint import fingerprint
-from jaxrl_llm.train.config import from_config_dict
 from jaxrl_llm.train.learner import policy_graphdef
+from jaxrl_llm.train.validate import from_config_dict
 
 TOKENIZER_FILES = (
   "tokenizer.json",
@@ -136,7 +136,7 @@ def _lora_base(cfg, recorded: dict) -> nnx.State:
   except (OSError, ValueError) as e:
     raise ExportError(f"the LoRA base {path} cannot be loaded: {e}") from None
   base_def, base = nnx.split(model)
-  frozen = state_lib.split_trainable(cfg, state_lib.with_adapters(cfg, base_def, base))[1]
+  frozen = lora_lib.split_trainable(state_lib.with_adapters(cfg, base_def, base))[1]
   if [int(v) for v in jax.device_get(fingerprint(frozen))] != recorded["fingerprint"]:
     raise ExportError(
       f"the weights at {path} are not the base these adapters were trained on (their "

@@ -7,8 +7,9 @@ import math
 import numpy as np
 import pytest
 
-from experiments import ablate, claims
-from experiments.suites import SUITES, Suite, TaskSpec
+from experiments import ablate
+from experiments.lib import claims
+from experiments.lib.suites import SUITES, Suite, TaskSpec
 
 
 def test_mean_ci_is_the_student_t_interval():
@@ -275,7 +276,7 @@ def test_v2_suite_is_sample_matched_and_covers_the_methods():
   new = {"ppo", "grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "gspo", "cispo", "sapo", "gmpo"}
   assert new <= set(suite.methods)
   assert {"chain", "add2"} == set(suite.tasks)
-  from experiments.ablation import v2_base
+  from experiments.configs.ablation import v2_base
 
   base = v2_base.get_config()
   assert base.run.sample_budget == base.run.steps * 32 * 8 and base.task.name == "chain"

@@ -210,7 +210,7 @@ def _signal_a_running_job(tmp_path, signum, every):
     "run.workdir": str(workdir),
     "checkpoint.every": every,
   }
-  command = [sys.executable, "-m", "jaxrl_llm.train", "--config", "experiments/default.py"]
+  command = [sys.executable, "-m", "jaxrl_llm.train", "--config", "experiments/configs/default.py"]
   command += [f"--config.{k}={v}" for k, v in flags.items()]
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
   proc = subprocess.Popen(

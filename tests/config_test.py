@@ -8,7 +8,7 @@ import inspect
 import pytest
 from train_test import run_cli, small_config
 
-import experiments.default
+import experiments.configs.default
 from jaxrl_llm import core
 from jaxrl_llm.train import ConfigError, from_config_dict
 from jaxrl_llm.train.config import TrainConfig, is_numeric, value_range
@@ -39,7 +39,7 @@ def test_every_numeric_key_is_checked_against_its_range(tmp_path, section, field
   assert allowed.low is not None or allowed.high is not None
   bad = _outside(allowed)
   bad = int(bad) if field.type in (int, int | None) else float(bad)
-  c = experiments.default.get_config()
+  c = experiments.configs.default.get_config()
   c[section][field.name] = bad
   with pytest.raises(ConfigError) as err:
     from_config_dict(c)

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 from train_test import OnesTask, small_config
 
+from jaxrl_llm.rollout.dynamic import Round, assemble, informative_groups
 from jaxrl_llm.train import train
-from jaxrl_llm.train.dynamic import Round, assemble, informative_groups
 
 
 def _round(scores, prompt_len, offset):

@@ -15,9 +15,9 @@ from train_test import small_config
 from jaxrl_llm import core
 from jaxrl_llm.envs import ENVIRONMENTS, EnvSpec, register_environment
 from jaxrl_llm.models import load_tokenizer
+from jaxrl_llm.rollout import episodes as episodes_lib
 from jaxrl_llm.rollout import sampler as sampler_lib
 from jaxrl_llm.train import ConfigError, train
-from jaxrl_llm.train import episodes as episodes_lib
 from jaxrl_llm.train import loop as loop_lib
 from jaxrl_llm.train import step as step_lib
 
@@ -147,6 +147,7 @@ def test_no_environment_token_gets_gradient(tmp_path, estimator, monkeypatch):
       policy_def=learner.policy_def,
       critic_def=learner.critic_def,
       cfg=c,
+      algo=step_lib.algorithm(c),
     )
     assert not np.asarray(exp.loss_mask_BxN)[env_tokens].any()
     assert (np.asarray(exp.advantages_BxN)[env_tokens] == 0).all()
@@ -168,6 +169,7 @@ def test_no_environment_token_gets_gradient(tmp_path, estimator, monkeypatch):
         jnp.float32(0.01),
         policy_def=learner.policy_def,
         cfg=c,
+        algo=step_lib.algorithm(c),
       )
       return loss
 

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from train_test import OnesTask, _learner, _one_batch, small_config
 
+from jaxrl_llm.rollout import producer as producer_lib
 from jaxrl_llm.train import loop as loop_lib
 from jaxrl_llm.train import perf, train
-from jaxrl_llm.train import producer as producer_lib
 from jaxrl_llm.train import step as step_lib
 
 

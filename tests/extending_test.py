@@ -95,8 +95,8 @@ def test_token_estimator_doc(clean_registries):
 
 
 def test_task_doc(clean_registries):
-  from jaxrl_llm.train.config import from_config_dict
   from jaxrl_llm.train.task import Task
+  from jaxrl_llm.train.validate import from_config_dict
 
   namespace = _run_block(2)
   assert 0 <= namespace["summary"]["heldout_accuracy_after"] <= 1

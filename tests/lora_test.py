@@ -16,14 +16,13 @@ from flax import nnx
 from safetensors.numpy import load_file, save_file
 from train_test import OnesTask, _learner, _one_batch, small_config
 
-import experiments.default
+import experiments.configs.default
 from jaxrl_llm import core
 from jaxrl_llm import export as export_lib
 from jaxrl_llm.models import load_model
 from jaxrl_llm.models import lora as lora_lib
 from jaxrl_llm.rollout import generate
 from jaxrl_llm.train import ConfigError, from_config_dict, train
-from jaxrl_llm.train import state as state_lib
 from jaxrl_llm.train import step as step_lib
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -133,7 +132,7 @@ def test_only_the_adapters_train_and_the_reference_is_the_base(tmp_path):
   )
   learner = _learner(cfg)
   state = learner.state
-  adapters, base = state_lib.split_trainable(cfg, state.policy)
+  adapters, base = lora_lib.split_trainable(state.policy)
   # No copy of the base anywhere: no reference, and optimizer moments for adapters only.
   assert state.ref is None
   assert sorted(_shapes(state.policy_opt)) == sorted(2 * _shapes(adapters))
@@ -147,7 +146,7 @@ def test_only_the_adapters_train_and_the_reference_is_the_base(tmp_path):
   assert np.any(np.asarray(exp.ref_logp_BxN) != 0)
   np.testing.assert_array_equal(exp.ref_logp_BxN, exp.old_logp_BxN)  # B = 0: policy = base
   learner.update(exp)
-  adapters_after, base_after = state_lib.split_trainable(cfg, learner.state.policy)
+  adapters_after, base_after = lora_lib.split_trainable(learner.state.policy)
   assert_bitwise_equal(jax.device_get(base_after), base_before)
   for path, b in nnx.to_flat_state(jax.device_get(adapters_after)):
     if str(path[-1]).endswith("lora_b"):  # every B moved off its zero init
@@ -165,19 +164,20 @@ def test_gradients_reach_the_adapters_only(tmp_path):
   cfg = small_config(tmp_path, **{"lora.rank": 4, "lora.targets": "q,v", "algo.num_minibatches": 1})
   learner = _learner(cfg)
   exp, _ = learner.experience(_one_batch(learner, cfg))
-  adapters, base = state_lib.split_trainable(cfg, learner.state.policy)
+  adapters, base = lora_lib.split_trainable(learner.state.policy)
   names = {str(path[-1]) for path, _ in nnx.to_flat_state(adapters)}
   assert names == {"q_lora_a", "q_lora_b", "v_lora_a", "v_lora_b"}
   assert not {str(p[-1]) for p, _ in nnx.to_flat_state(base)} & names
   denominator = core.aggregate_denominator(exp.loss_mask_BxN, cfg.algo.aggregation)
   grads = jax.grad(
     lambda a: step_lib.policy_objective(
-      state_lib.join_trainable(a, base),
+      lora_lib.join_trainable(a, base),
       exp,
       denominator,
       0.0,
       policy_def=learner.policy_def,
       cfg=cfg,
+      algo=step_lib.algorithm(cfg),
     )[0]
   )(adapters)
   assert all(np.all(np.isfinite(g)) for g in jax.tree.leaves(grads))
@@ -332,7 +332,7 @@ def test_lora_grpo_learns_the_default_task(tmp_path):
   (experiments/results/lora_default_run.jsonl has the 3000-step run)."""
   reached = []
   for seed in range(3):
-    c = experiments.default.get_config()
+    c = experiments.configs.default.get_config()
     c.lora.update(rank=16, alpha=32.0)
     c.optim.update(learning_rate=1e-3, warmup_steps=100)
     c.run.update(
@@ -375,10 +375,10 @@ def test_adapter_dropout_stays_out_of_the_behaviour_correction(tmp_path, updates
        "algo.num_minibatches": updates},
   )  # fmt: skip
   learner = _learner(cfg)
-  adapters, base = state_lib.split_trainable(cfg, learner.state.policy)
+  adapters, base = lora_lib.split_trainable(learner.state.policy)
   keys = iter(jax.random.split(jax.random.key(4), len(jax.tree.leaves(adapters))))
   moved = jax.tree.map(lambda x: x + 0.3 * jax.random.normal(next(keys), x.shape), adapters)
-  learner.state = learner.state._replace(policy=state_lib.join_trainable(moved, base))
+  learner.state = learner.state._replace(policy=lora_lib.join_trainable(moved, base))
   exp, _ = learner.experience(_one_batch(learner, cfg))
   metrics = jax.device_get(learner.update(exp))
   assert metrics["mismatch_k3"][0] < 1e-6, metrics["mismatch_k3"]

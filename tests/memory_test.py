@@ -68,7 +68,9 @@ def _experience_and_grads(cfg, devices, batch=None):
   learner = _learner(cfg, devices)
   batch = _one_batch(learner, cfg) if batch is None else learner.shard_batch(batch)
   exp, _ = learner.experience(batch)
-  objective = functools.partial(step_lib.policy_objective, policy_def=learner.policy_def, cfg=cfg)
+  objective = functools.partial(
+    step_lib.policy_objective, policy_def=learner.policy_def, cfg=cfg, algo=step_lib.algorithm(cfg)
+  )
   denominator = core.aggregate_denominator(exp.loss_mask_BxN, cfg.algo.aggregation)
   noise = jax.random.normal(jax.random.key(1), exp.old_logp_BxN.shape) * 0.3
   exp = exp._replace(old_logp_BxN=exp.old_logp_BxN + noise)  # ratios away from 1
@@ -148,6 +150,7 @@ def test_the_compiled_update_never_holds_BxNxV(tmp_path):
     policy_def=learner.policy_def,
     critic_def=None,
     cfg=cfg,
+    algo=step_lib.algorithm(cfg),
     optimizers=learner.optimizers,
   )
   assert not big(jax.make_jaxpr(update)(learner.state, exp).jaxpr)

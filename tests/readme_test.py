@@ -56,8 +56,8 @@ def test_python_api_example_trains(capsys):
 
 def test_real_model_slice_table_is_its_committed_results():
   """The README's SmolLM2 ablation figures are those of the committed results.json."""
-  from experiments import claims
   from experiments.ablate import mean_ci
+  from experiments.lib import claims
 
   results_path = README.parent / "experiments/results/v2_smollm2/results.json"
   results = json.loads(results_path.read_text())
@@ -116,9 +116,9 @@ def test_smollm2_recipe_figures_are_its_committed_record():
 
 
 def test_v2_verdicts_are_those_of_the_committed_results():
-  """The README's table of claims is `python -m experiments.claims` on the committed
+  """The README's table of claims is `python -m experiments.lib.claims` on the committed
   results.json files, verdicts and numbers."""
-  from experiments import claims
+  from experiments.lib import claims
 
   table = "\n".join(claims.committed_table(README.parent))
   assert table in README.read_text()

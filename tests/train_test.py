@@ -12,18 +12,18 @@ import numpy as np
 import optax
 import pytest
 
-import experiments.default
+import experiments.configs.default
 from jaxrl_llm import core
 from jaxrl_llm.models.sharding import make_mesh
+from jaxrl_llm.rollout import producer as producer_lib
 from jaxrl_llm.train import ConfigError, TrainingDiverged, from_config_dict, train
 from jaxrl_llm.train import loop as loop_lib
-from jaxrl_llm.train import producer as producer_lib
 from jaxrl_llm.train import step as step_lib
 from jaxrl_llm.train.learner import Learner
 
 
 def small_config(tmp_path, **overrides):
-  c = experiments.default.get_config()
+  c = experiments.configs.default.get_config()
   c.model.update(hidden_size=32, intermediate_size=64, num_layers=1)
   c.task.update(train_examples=256)
   c.rollout.update(prompts_per_step=8, group_size=4)
@@ -125,7 +125,9 @@ def test_accumulation_does_not_change_loss_or_gradient(tmp_path, mode):
   )
   learner = _learner(cfg)
   exp, _ = learner.experience(_one_batch(learner, cfg))
-  objective = functools.partial(step_lib.policy_objective, policy_def=learner.policy_def, cfg=cfg)
+  objective = functools.partial(
+    step_lib.policy_objective, policy_def=learner.policy_def, cfg=cfg, algo=step_lib.algorithm(cfg)
+  )
   denominator = core.aggregate_denominator(exp.batch.mask_BxN, mode)
   # Old log-probs off the current policy, so the ratios (and their clip fractions) are not
   # trivially 1 and 0.
@@ -194,8 +196,9 @@ def test_shared_prompts_give_the_same_experience_and_gradients(tmp_path, estimat
     denominator = core.aggregate_denominator(mask, cfg.algo.aggregation)
     one_micro = jax.tree.map(lambda x: x[None], exp)
     state = learner.state
+    policy_objective = functools.partial(step_lib.policy_objective, algo=step_lib.algorithm(cfg))
     objectives = [
-      (step_lib.policy_objective, "policy_def", state.policy, (state.kl.coef,)),
+      (policy_objective, "policy_def", state.policy, (state.kl.coef,)),
       (step_lib.critic_objective, "critic_def", state.critic, ()),
     ]
     grads = [
@@ -369,7 +372,7 @@ def test_no_op_settings_are_accepted(tmp_path, overrides):
 
 def test_the_default_run_is_grpo_as_published():
   """GRPO's 1/|o_i| inside the group mean, not DAPO's token mean; the command line says so."""
-  cfg = from_config_dict(experiments.default.get_config())
+  cfg = from_config_dict(experiments.configs.default.get_config())
   assert (cfg.algo.estimator, cfg.algo.aggregation) == ("grpo", "seq-mean-token-mean")
   assert cfg.describe().startswith(
     "grpo advantages, ppo_clip loss, seq-mean-token-mean aggregation, no KL term"
@@ -377,7 +380,7 @@ def test_the_default_run_is_grpo_as_published():
 
 
 def test_unknown_key_suggests_the_right_one(tmp_path):
-  c = experiments.default.get_config()
+  c = experiments.configs.default.get_config()
   c.algo.clip_hgh = 0.28
   with pytest.raises(
     ConfigError,
@@ -406,8 +409,8 @@ def test_prompts_not_divisible_by_devices(tmp_path):
 
 
 def run_cli(*flags, env=None, check=False):
-  """`python -m jaxrl_llm.train --config experiments/default.py <flags>` in a subprocess."""
-  command = [sys.executable, "-m", "jaxrl_llm.train", "--config", "experiments/default.py"]
+  """`python -m jaxrl_llm.train --config experiments/configs/default.py <flags>` in a subprocess."""
+  command = [sys.executable, "-m", "jaxrl_llm.train", "--config", "experiments/configs/default.py"]
   return subprocess.run(
     [*command, *flags], capture_output=True, text=True, timeout=600, env=env, check=check
   )
@@ -477,7 +480,9 @@ def test_kl_to_the_reference_averages_over_rows_in_the_loss(tmp_path):
   per_row = np.where(mask, kl_BxN, 0.0).sum(-1)
   expected = per_row[mask.any(-1)].mean()
   assert not np.isclose(expected, per_row.mean())  # the diluted mean differs
-  objective = functools.partial(step_lib.policy_objective, policy_def=learner.policy_def, cfg=cfg)
+  objective = functools.partial(
+    step_lib.policy_objective, policy_def=learner.policy_def, cfg=cfg, algo=step_lib.algorithm(cfg)
+  )
   denominator = core.aggregate_denominator(exp.loss_mask_BxN, cfg.algo.aggregation)
   for micro in (1, 4):
     split = jax.tree.map(lambda x, m=micro: x.reshape(m, -1, *x.shape[1:]), exp)

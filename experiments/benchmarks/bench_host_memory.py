@@ -100,7 +100,7 @@ def main(argv=None):
         "warmstart.steps": 0,
         **overrides,
       }
-      cmd = [sys.executable, "-m", "jaxrl_llm.train", "--config", "experiments/default.py"]
+      cmd = [sys.executable, "-m", "jaxrl_llm.train", "--config", "experiments/configs/default.py"]
       cmd += [f"--config.{k}={v}" for k, v in flags.items()]
       gb, code = peak_rss_gb(cmd)
       row = dict(setting=name, new_tokens=tokens, vocab=VOCAB, peak_rss_gb=gb, exit_code=code)

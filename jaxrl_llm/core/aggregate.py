@@ -41,7 +41,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxrl_llm.core.registry import lookup
+from jaxrl_llm.common.registry import lookup
 from jaxrl_llm.core.stats import psum_if
 
 

@@ -33,9 +33,9 @@ import inspect
 import jax
 import jax.numpy as jnp
 
+from jaxrl_llm.common.registry import lookup, register
 from jaxrl_llm.core.kl import LOG_RATIO_CLAMP, kl_k3
 from jaxrl_llm.core.policy_loss import POLICY_LOSSES
-from jaxrl_llm.core.registry import lookup, register
 from jaxrl_llm.core.stats import masked_max, masked_mean
 
 SEQUENCE_REDUCTIONS = ("product", "geometric")

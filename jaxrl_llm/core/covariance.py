@@ -23,6 +23,7 @@ trainer, one micro-batch. The authors' code computes them per micro-batch on eac
 import jax
 import jax.numpy as jnp
 
+from jaxrl_llm.common.registry import register
 from jaxrl_llm.core.policy_loss import (
   POLICY_LOSSES,
   _broadcast_advantages,
@@ -30,7 +31,6 @@ from jaxrl_llm.core.policy_loss import (
   _ratio,
   ratio_metrics,
 )
-from jaxrl_llm.core.registry import register
 from jaxrl_llm.core.stats import masked_mean, psum_if
 
 

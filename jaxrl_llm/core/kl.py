@@ -21,7 +21,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxrl_llm.core.registry import lookup, register
+from jaxrl_llm.common.registry import lookup, register
 
 K3_CLAMP = 10.0  # |k3| is clamped to this, as in verl's low_var_kl.
 LOG_RATIO_CLAMP = 20.0  # exp(-d) is computed from d clamped to this, so it never overflows.

@@ -17,8 +17,8 @@ and max. Losses are minimised, so each is the negative of its paper's objective.
 import jax
 import jax.numpy as jnp
 
+from jaxrl_llm.common.registry import register
 from jaxrl_llm.core.kl import LOG_RATIO_CLAMP
-from jaxrl_llm.core.registry import register
 from jaxrl_llm.core.stats import masked_max, masked_mean, masked_min
 
 POLICY_LOSSES: dict = {}  # name -> loss; `register(POLICY_LOSSES, name)` adds one

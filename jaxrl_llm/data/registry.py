@@ -9,7 +9,7 @@ imports rewards. Register your own with `register_task`, as the built-ins below 
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from jaxrl_llm.core.registry import register
+from jaxrl_llm.common.registry import register
 from jaxrl_llm.data.arithmetic import ArithmeticTask
 from jaxrl_llm.data.chain import ChainTask
 from jaxrl_llm.data.countdown import CountdownTask

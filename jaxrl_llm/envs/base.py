@@ -20,7 +20,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Protocol
 
-from jaxrl_llm.core.registry import lookup, register
+from jaxrl_llm.common.registry import lookup, register
 from jaxrl_llm.envs.tools import Tool, call_tool, parse_tool_calls
 
 

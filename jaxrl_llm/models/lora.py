@@ -212,6 +212,21 @@ def add_adapters(model, lora: LoraConfig, seed: int):
   return nnx.merge(graphdef, adapters, nnx.state(model))
 
 
+def split_trainable(params: nnx.State) -> tuple[nnx.State, nnx.State | None]:
+  """(what an optimizer updates, the frozen rest or None): with adapters in `params`, the
+  adapters (`nnx.LoRAParam`) and the base, which stays as it is; without, all of `params`
+  and None. The base is frozen by filtering params, not by copying models."""
+  adapters, base = nnx.split_state(params, nnx.LoRAParam, ...)
+  if not jax.tree.leaves(adapters):
+    return params, None
+  return adapters, base
+
+
+def join_trainable(trainable: nnx.State, frozen: nnx.State | None) -> nnx.State:
+  """The params `split_trainable` split, whole again."""
+  return trainable if frozen is None else nnx.merge_state(trainable, frozen)
+
+
 def merge_adapters(model, *, adapters: bool = True):
   """`model`'s base with each adapter folded in, `W + (alpha / r) A B`, as a `CausalLM`
   without adapters (quantized weights are dequantized to the config's `param_dtype`).

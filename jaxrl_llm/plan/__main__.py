@@ -11,13 +11,14 @@ from ml_collections import config_flags
 from jaxrl_llm.plan import PlanError, plan
 from jaxrl_llm.plan.report import format_report
 from jaxrl_llm.plan.targets import TargetError, resolve
-from jaxrl_llm.train.config import ConfigError, from_config_dict
+from jaxrl_llm.train.config import ConfigError
+from jaxrl_llm.train.validate import from_config_dict
 
 # The runtime stays the CPU (before any backend starts); the targets are only compiled for.
 jax.config.update("jax_platforms", "cpu")
 
 _CONFIG = config_flags.DEFINE_config_file(
-  "config", "experiments/default.py", "An experiment file with get_config()."
+  "config", "experiments/configs/default.py", "An experiment file with get_config()."
 )
 _TARGET = flags.DEFINE_string(
   "target", None, "v5e-8, v5e-16, v5e:4x4, v5litepod-16, v5p-8, v6e-8, v4-8, h100x8, h200x8, ..."

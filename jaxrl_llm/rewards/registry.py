@@ -6,7 +6,7 @@ first reward of a task decides correctness (accuracy). Register your own with
 `register_reward`, as the built-ins below do.
 """
 
-from jaxrl_llm.core.registry import register
+from jaxrl_llm.common.registry import register
 from jaxrl_llm.rewards.countdown import countdown_reward
 from jaxrl_llm.rewards.math import answer_match
 

@@ -7,11 +7,12 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from jaxrl_llm.train import distributed
-from jaxrl_llm.train.config import ConfigError, from_config_dict, unknown_key
+from jaxrl_llm.train.config import ConfigError, unknown_key
 from jaxrl_llm.train.loop import train
+from jaxrl_llm.train.validate import from_config_dict
 
 _CONFIG = config_flags.DEFINE_config_file(
-  "config", "experiments/default.py", "An experiment file with get_config()."
+  "config", "experiments/configs/default.py", "An experiment file with get_config()."
 )
 
 

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import orbax.checkpoint as ocp
 from etils import epath
 
-from jaxrl_llm.train import hosts
+from jaxrl_llm.models import hosts
 from jaxrl_llm.train.config import ConfigError, TrainConfig
 
 log = logging.getLogger(__name__)

@@ -1,9 +1,11 @@
-"""Typed, validated trainer configuration.
+"""Typed trainer configuration: frozen dataclasses, one per section, with the range of every
+numeric key declared beside its field.
 
-Experiment files (`experiments/*.py`) return an `ml_collections.ConfigDict`;
-`from_config_dict` turns it into these frozen dataclasses once, checking every
-key, so a typo or an impossible combination fails before anything compiles, with
-a message naming the key and the fix.
+Experiment files (`experiments/configs/*.py`) return an `ml_collections.ConfigDict`;
+`build` turns it into these dataclasses, refusing unknown keys with the nearest one, and
+`jaxrl_llm.train.validate` holds every rule between keys (`from_config_dict` does both,
+once), so a typo or an impossible combination fails before anything compiles, with a
+message naming the key and the fix.
 """
 
 import dataclasses
@@ -16,7 +18,9 @@ from typing import Any
 import ml_collections
 
 from jaxrl_llm import core
-from jaxrl_llm.train.validate import ConfigError, validate
+from jaxrl_llm.common.errors import ConfigError
+
+__all__ = ["ConfigError", "TrainConfig", "build", "default_config_dict", "unknown_key"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,7 +191,7 @@ class RolloutSection:
   # not all samples right, DAPO's Eq. 11) or "score" (the weighted total, shaping included).
   dynamic_sampling_metric: str = "accuracy"
   # k > 0: step s + k's rollout is sampled before update s, from params up to k updates old
-  # (train/producer.py); config.algo.correction weighs the gap.
+  # (rollout/producer.py); config.algo.correction weighs the gap.
   off_policy_steps: int = at_least(0, 0, hint="0: on-policy")
   # "sync": rollouts and updates take turns on one mesh. "async": the sampler has its own
   # devices (`sampler_devices` of them, taken from each process's in equal parts) and its
@@ -200,7 +204,7 @@ class RolloutSection:
 
 @dataclasses.dataclass(frozen=True)
 class EnvSection:
-  """Multi-turn episodes with an environment of `jaxrl_llm.envs` (train/episodes.py); `name`
+  """Multi-turn episodes with an environment of `jaxrl_llm.envs` (rollout/episodes.py); `name`
   "" trains on single completions. An episode is the environment's first prompt (at most
   `task.prompt_length` tokens), then model turns of at most `rollout.max_new_tokens` tokens
   and the environment's replies, for at most `max_turns` model turns and `max_tokens`
@@ -219,8 +223,9 @@ class AlgoSection:
 
   # Names in core.GROUP_ESTIMATORS or core.TOKEN_ESTIMATORS, and core.POLICY_LOSSES; each
   # `*_kwargs` is a JSON object of the function's own keyword arguments, e.g.
-  # policy_loss_kwargs='{"tau_pos": 1.0}'. The keys below (clip_*, dual_clip, gamma, lam) reach
-  # the function when it takes them; a key in the JSON object wins over them.
+  # policy_loss_kwargs='{"tau_pos": 1.0}'. The typed keys below (clip_*, dual_clip, gamma, lam,
+  # adv_eps for a group baseline's eps) reach the function when it takes them, and are the
+  # only spelling of those knobs: a JSON object that sets one too is refused.
   estimator: str = "grpo"
   estimator_kwargs: str = ""
   policy_loss: str = "ppo_clip"
@@ -431,15 +436,16 @@ class TrainConfig:
     )
 
   def policy_loss_kwargs(self) -> dict:
-    """The chosen loss's keyword arguments: the clip keys it takes, then
-    `algo.policy_loss_kwargs` (validate checks that the loss takes each)."""
+    """The chosen loss's keyword arguments: the clip keys it takes, and
+    `algo.policy_loss_kwargs` (validate checks that the loss takes each, and that the JSON
+    object sets no knob with a typed field)."""
     a = self.algo
     given = {"clip_low": a.clip_low, "clip_high": a.clip_high, "dual_clip": a.dual_clip}
     return _accepted(core.POLICY_LOSSES[a.policy_loss], given) | _json(a.policy_loss_kwargs)
 
   def estimator_kwargs(self) -> dict:
-    """The chosen estimator's keyword arguments: gamma and lam where it takes them, then
-    `algo.estimator_kwargs`."""
+    """The chosen estimator's keyword arguments: gamma and lam where it takes them, and
+    `algo.estimator_kwargs` (a group baseline's eps is `algo.adv_eps`, bound beside)."""
     a = self.algo
     fn = core.estimator_function(a.estimator)
     return _accepted(fn, {"gamma": a.gamma, "lam": a.lam}) | _json(a.estimator_kwargs)
@@ -521,15 +527,14 @@ def _section(cls, values: dict, prefix: str):
   return cls(**values)
 
 
-def from_config_dict(config: Any) -> TrainConfig:
-  """Builds and validates a TrainConfig from a ConfigDict (or nested dict)."""
+def build(config: Any) -> TrainConfig:
+  """The frozen TrainConfig of a ConfigDict (or nested dict), unknown keys refused; the
+  rules between keys are `validate`'s (`jaxrl_llm.train.from_config_dict` does both)."""
   raw = config.to_dict() if hasattr(config, "to_dict") else dict(config)
   sections = SECTIONS
   for key in raw:
     if key not in sections:
       raise ConfigError(unknown_key(key))
-  cfg = TrainConfig(
+  return TrainConfig(
     **{name: _section(cls, dict(raw.get(name, {})), name) for name, cls in sections.items()}
   )
-  validate(cfg)
-  return cfg

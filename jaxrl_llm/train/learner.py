@@ -14,11 +14,12 @@ from jaxrl_llm.models import (
   ModelConfig,
   ValueModel,
   end_token_ids,
+  hosts,
   load_model,
 )
+from jaxrl_llm.models import lora as lora_lib
 from jaxrl_llm.models.sharding import DEFAULT_RULES, ShardingRules, param_shardings
 from jaxrl_llm.rollout import SampleOutput, generate
-from jaxrl_llm.train import hosts
 from jaxrl_llm.train import state as state_lib
 from jaxrl_llm.train import step as step_lib
 from jaxrl_llm.train.checkpoint import fingerprint
@@ -59,7 +60,8 @@ def jitted_steps(cfg: TrainConfig, mesh, policy_def, critic_def, optimizers, bas
   """The jitted experience pass and update the trainer runs (the update donates the state);
   `jaxrl_llm.plan` compiles the same two. `base_def`: with LoRA, the graph without
   adapters, which scores the reference."""
-  statics = dict(policy_def=policy_def, critic_def=critic_def, cfg=cfg, mesh=mesh)
+  algo = step_lib.algorithm(cfg)  # the registered functions, their hyperparameters bound
+  statics = dict(policy_def=policy_def, critic_def=critic_def, cfg=cfg, algo=algo, mesh=mesh)
   experience = jax.jit(
     functools.partial(step_lib.make_experience, base_def=base_def or policy_def, **statics)
   )
@@ -184,7 +186,7 @@ class Learner:
     LoRA base when `base_saved` is False."""
     if not self.cfg.lora.rank or self.base_saved:
       return state
-    return state._replace(policy=state_lib.split_trainable(self.cfg, state.policy)[0])
+    return state._replace(policy=lora_lib.split_trainable(state.policy)[0])
 
   def restored(self, state, meta: dict):
     """A restored checkpoint's state, whole again: the base that `saved` left out (built
@@ -202,14 +204,14 @@ class Learner:
         "(or are quantized differently). Point config.model.path at that base, or start "
         "over with --config.checkpoint.fresh=True."
       )
-    frozen = state_lib.split_trainable(self.cfg, self.state.policy)[1]
-    return state._replace(policy=state_lib.join_trainable(state.policy, frozen))
+    frozen = lora_lib.split_trainable(self.state.policy)[1]
+    return state._replace(policy=lora_lib.join_trainable(state.policy, frozen))
 
   def base_fingerprint(self) -> list[int]:
     """The frozen LoRA base's per-array fingerprint (see `checkpoint.fingerprint`), computed
     once: the base never changes."""
     if self._base_fingerprint is None:
-      frozen = state_lib.split_trainable(self.cfg, self.state.policy)[1]
+      frozen = lora_lib.split_trainable(self.state.policy)[1]
       self._base_fingerprint = [int(v) for v in jax.device_get(fingerprint(frozen))]
     return self._base_fingerprint
 

@@ -17,21 +17,23 @@ from jax.sharding import Mesh
 from tqdm import tqdm
 
 from jaxrl_llm.data import pad_left_to, prompt_iterator
+from jaxrl_llm.models import hosts
 from jaxrl_llm.models.config import to_hf_config
-from jaxrl_llm.models.sharding import batch_size_divisor, make_mesh
+from jaxrl_llm.models.sharding import make_mesh
+from jaxrl_llm.rollout import asynchronous
+from jaxrl_llm.rollout import episodes as episodes_lib
+from jaxrl_llm.rollout import producer as producer_lib
+from jaxrl_llm.rollout.batch import Batch
 from jaxrl_llm.train import checkpoint as checkpoint_lib
-from jaxrl_llm.train import episodes as episodes_lib
-from jaxrl_llm.train import hosts, perf
-from jaxrl_llm.train import producer as producer_lib
+from jaxrl_llm.train import perf
 from jaxrl_llm.train import step as step_lib
-from jaxrl_llm.train.config import TrainConfig
+from jaxrl_llm.train.config import ConfigError, TrainConfig
 from jaxrl_llm.train.learner import Learner
 from jaxrl_llm.train.metrics import MetricsWriter, to_python
 from jaxrl_llm.train.preemption import Preemption
 from jaxrl_llm.train.sft import warm_start
-from jaxrl_llm.train.step import Batch
 from jaxrl_llm.train.task import Task
-from jaxrl_llm.train.validate import ConfigError, advice, validate
+from jaxrl_llm.train.validate import advice, carve_devices, check_devices
 
 log = logging.getLogger(__name__)
 
@@ -208,16 +210,9 @@ def _setup(cfg: TrainConfig, devices, task: Task | None) -> tuple[_Job, dict]:
   the learner's mesh is what the sampler's devices leave."""
   sampler = None
   if cfg.rollout.mode == "async":
-    devices, sampler = producer_lib.carve_devices(devices or jax.devices(), cfg)
+    devices, sampler = carve_devices(devices or jax.devices(), cfg)
   mesh = make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor, devices)
-  validate(cfg, num_devices=mesh.size)
-  shards = batch_size_divisor(mesh)  # the trainer draws and places prompts by device
-  if cfg.rollout.prompts_per_step % shards:
-    raise ConfigError(
-      f"config.rollout.prompts_per_step={cfg.rollout.prompts_per_step} does not split over "
-      f"mesh data x fsdp = {shards} devices (each takes its share of a step's prompts); "
-      "make it a multiple, or change the mesh."
-    )
+  check_devices(cfg, mesh.size)
   for note in advice(cfg):
     log.warning("%s", note)
   # First, while nothing else runs; MFU counts the async sampler's devices too.
@@ -415,7 +410,7 @@ def _producer(job: _Job, stream, key, first: int):
     return episodes_lib.EpisodeProducer(*args, runner=job.episodes)
   if job.sampler_mesh is None:
     return producer_lib.RolloutProducer(*args)
-  return producer_lib.AsyncProducer(*args, job.sampler_mesh)
+  return asynchronous.AsyncProducer(*args, job.sampler_mesh)
 
 
 def train(cfg: TrainConfig, devices=None, task: Task | None = None) -> dict:

@@ -4,7 +4,7 @@ import logging
 import signal
 import threading
 
-from jaxrl_llm.train import hosts
+from jaxrl_llm.models import hosts
 
 log = logging.getLogger(__name__)
 

@@ -61,18 +61,6 @@ def with_adapters(cfg: TrainConfig, base_def: nnx.GraphDef, base: nnx.State) -> 
   return nnx.state(lora_lib.add_adapters(model, lora, seed=cfg.run.seed + 5))
 
 
-def split_trainable(cfg: TrainConfig, policy: nnx.State) -> tuple[nnx.State, nnx.State | None]:
-  """(what the optimizer updates, the frozen rest or None): with LoRA the adapters and the
-  base, without it the whole policy and None."""
-  if not cfg.lora.rank:
-    return policy, None
-  return nnx.split_state(policy, nnx.LoRAParam, ...)
-
-
-def join_trainable(trainable: nnx.State, frozen: nnx.State | None) -> nnx.State:
-  return trainable if frozen is None else nnx.merge_state(trainable, frozen)
-
-
 def learning_rate_schedule(cfg: TrainConfig, peak: float) -> optax.Schedule:
   """Linear warmup to `peak`, then constant or cosine decay to 0 at the last step."""
   warmup = cfg.optim.warmup_steps
@@ -168,7 +156,9 @@ def state_shardings(
     step=replicated,
     rng=replicated,
     policy=params(abstract.policy),
-    policy_opt=opt(abstract.policy_opt, split_trainable(cfg, abstract.policy)[0], optimizers[0]),
+    policy_opt=opt(
+      abstract.policy_opt, lora_lib.split_trainable(abstract.policy)[0], optimizers[0]
+    ),
     ref=params(abstract.ref),
     critic=params(abstract.critic),
     critic_opt=opt(abstract.critic_opt, abstract.critic, optimizers[1]),
@@ -182,7 +172,7 @@ def init_train_state(
 ) -> TrainState:
   """Builds the state from (possibly already placed) params (`with_adapters`' result); the
   reference is a copy, except with LoRA, whose reference is the base with the adapters off."""
-  policy_opt = optimizers[0].init(split_trainable(cfg, policy)[0])
+  policy_opt = optimizers[0].init(lora_lib.split_trainable(policy)[0])
   ref = jax.tree.map(jnp.copy, policy) if cfg.uses_reference and not cfg.lora.rank else None
   critic_opt = None if critic is None else optimizers[1].init(critic)
   return TrainState(

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxrl_llm.core.registry import lookup
+from jaxrl_llm.common.registry import lookup
 from jaxrl_llm.data import TASKS, bucket_length, left_pad
 from jaxrl_llm.data.tfds_builders import TfdsSource, gsm8k_local_builder, synthetic_builder
 from jaxrl_llm.envs import environment

@@ -5,37 +5,37 @@ but usually spoil a run. One function per section of the config."""
 import dataclasses
 import inspect
 import json
-from typing import TYPE_CHECKING
+from typing import Any
+
+import jax
 
 from jaxrl_llm import core
 from jaxrl_llm.core.correction import check_hparams
 from jaxrl_llm.models.config import REMAT_POLICIES
 from jaxrl_llm.models.lora import QUANT_TYPES, resolve_targets
-
-if TYPE_CHECKING:
-  from jaxrl_llm.train.config import TrainConfig
+from jaxrl_llm.train.config import ConfigError, TrainConfig, build, value_range
 
 PRETRAINED_MAX_LR = 1e-4  # above it, one update moves a pretrained policy far from itself
 
 
-class ConfigError(ValueError):
-  """A configuration that cannot run; the message names the key."""
+def from_config_dict(config: Any) -> TrainConfig:
+  """A validated TrainConfig from a ConfigDict (or nested dict): every key checked once,
+  here, so a typo or an impossible combination fails before anything compiles."""
+  cfg = build(config)
+  validate(cfg)
+  return cfg
 
 
-def validate(cfg: "TrainConfig", num_devices: int | None = None) -> None:
-  """Raises ConfigError for settings that cannot work together; with `num_devices`, also
-  for a mesh or batch that does not fit them."""
+def validate(cfg: TrainConfig) -> None:
+  """Raises ConfigError for settings that cannot work together (the rules that need the
+  devices are `check_devices`')."""
   _ranges(cfg)
   for check in (_algo, _correction, _rollout, _env, _batching, _run, _task, _model, _lora):
     check(cfg)
-  if num_devices is not None:
-    _mesh(cfg, num_devices)
 
 
-def _ranges(cfg: "TrainConfig") -> None:
+def _ranges(cfg: TrainConfig) -> None:
   """Every numeric key inside the range declared beside its field (`config.Range`)."""
-  from jaxrl_llm.train.config import value_range
-
   for section in dataclasses.fields(cfg):
     values = getattr(cfg, section.name)
     for field in dataclasses.fields(values):
@@ -60,7 +60,7 @@ def _known(name, registry, key, extra=()):
   _check(name in names, f"config.{key}={name!r} is unknown; choose one of {', '.join(names)}.")
 
 
-def advice(cfg: "TrainConfig") -> list[str]:
+def advice(cfg: TrainConfig) -> list[str]:
   """Settings that run but usually spoil a run, each naming the key and the usual value."""
   notes = []
   r = cfg.rollout
@@ -95,7 +95,7 @@ def advice(cfg: "TrainConfig") -> list[str]:
     notes.append(
       f"config.optim.learning_rate={cfg.optim.learning_rate:g} with a pretrained "
       f"config.model.path: rates this high suit random-init models; pretrained policies "
-      f"usually train at {usual} (experiments/smollm2_arithmetic.py uses 1e-5, 1e-4 with "
+      f"usually train at {usual} (experiments/configs/smollm2_arithmetic.py uses 1e-5, 1e-4 with "
       "LoRA)."
     )
   if cfg.model.path and cfg.warmstart.steps and cfg.warmstart.learning_rate >= PRETRAINED_MAX_LR:
@@ -107,7 +107,7 @@ def advice(cfg: "TrainConfig") -> list[str]:
   return notes
 
 
-def _algo(cfg: "TrainConfig") -> None:
+def _algo(cfg: TrainConfig) -> None:
   a, r = cfg.algo, cfg.rollout
   _known(a.estimator, core.GROUP_ESTIMATORS, "algo.estimator", core.TOKEN_ESTIMATORS)
   _known(a.policy_loss, core.POLICY_LOSSES, "algo.policy_loss")
@@ -115,6 +115,7 @@ def _algo(cfg: "TrainConfig") -> None:
   _kwargs(a.estimator_kwargs, "algo.estimator_kwargs", estimator, a.estimator)
   _kwargs(a.policy_loss_kwargs, "algo.policy_loss_kwargs", core.POLICY_LOSSES[a.policy_loss],
           a.policy_loss)  # fmt: skip
+  _one_door(cfg)
   _shared_clip_knobs(cfg)
   _known(a.aggregation, core.AGGREGATION_MODES, "algo.aggregation")
   _known(a.kl_estimator, core.KL_ESTIMATORS, "algo.kl_estimator")
@@ -170,6 +171,28 @@ def _algo(cfg: "TrainConfig") -> None:
 
 
 CLIP_KNOBS = ("clip_low", "clip_high", "dual_clip")
+# The knobs with a typed field of their own: a `*_kwargs` JSON object may not set them too.
+TYPED = {
+  "algo.policy_loss_kwargs": {k: f"algo.{k}" for k in CLIP_KNOBS},
+  "algo.estimator_kwargs": {"gamma": "algo.gamma", "lam": "algo.lam"},
+}
+
+
+def _one_door(cfg: TrainConfig) -> None:
+  """Each hyperparameter has one spelling: a typed field where there is one, else the
+  function's key in its `*_kwargs` object."""
+  a = cfg.algo
+  typed = dict(TYPED)
+  if a.estimator in core.GROUP_ESTIMATORS:  # the group baselines' eps is algo.adv_eps
+    typed["algo.estimator_kwargs"] = typed["algo.estimator_kwargs"] | {"eps": "algo.adv_eps"}
+  for key, fields in typed.items():
+    text = getattr(a, key.split(".")[1])
+    for name in json.loads(text) if text else {}:
+      _check(
+        name not in fields,
+        f"config.{key} sets {name!r}, which is config.{fields.get(name)}; set "
+        f"--config.{fields.get(name)}=... instead (each knob has one key).",
+      )
 
 
 def _takes(fn, name: str) -> bool:
@@ -177,7 +200,7 @@ def _takes(fn, name: str) -> bool:
   return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
 
 
-def _shared_clip_knobs(cfg: "TrainConfig") -> None:
+def _shared_clip_knobs(cfg: TrainConfig) -> None:
   """A shared clip knob set for a loss that does not take it would do nothing: refused."""
   a = cfg.algo
   loss = core.POLICY_LOSSES[a.policy_loss]
@@ -192,7 +215,7 @@ def _shared_clip_knobs(cfg: "TrainConfig") -> None:
     )
 
 
-def clip_knobs_inert(cfg: "TrainConfig") -> bool:
+def clip_knobs_inert(cfg: TrainConfig) -> bool:
   """A clip-based loss with one optimizer step per rollout and no behaviour correction: its
   ratio to the recomputed old log-probs is exactly 1, so no clip can act."""
   a = cfg.algo
@@ -201,7 +224,7 @@ def clip_knobs_inert(cfg: "TrainConfig") -> bool:
   return clipped and a.ppo_epochs * a.num_minibatches == 1 and a.correction == "none"
 
 
-def _correction(cfg: "TrainConfig") -> None:
+def _correction(cfg: TrainConfig) -> None:
   a = cfg.algo
   _known(a.correction, core.CORRECTIONS, "algo.correction")
   accepted = inspect.signature(core.CORRECTIONS[a.correction]).parameters
@@ -218,7 +241,7 @@ def _correction(cfg: "TrainConfig") -> None:
     raise ConfigError(f"config.algo.correction={a.correction!r}: {e}") from None
 
 
-def _rollout(cfg: "TrainConfig") -> None:
+def _rollout(cfg: TrainConfig) -> None:
   r = cfg.rollout
   _check(r.mode in ("sync", "async"), f"config.rollout.mode={r.mode!r}; use 'sync' or 'async'.")
   _check(
@@ -239,7 +262,7 @@ def _rollout(cfg: "TrainConfig") -> None:
     )
 
 
-def _env(cfg: "TrainConfig") -> None:
+def _env(cfg: TrainConfig) -> None:
   e, r = cfg.env, cfg.rollout
   if not e.name:
     return
@@ -259,7 +282,7 @@ def _env(cfg: "TrainConfig") -> None:
   )
 
 
-def _batching(cfg: "TrainConfig") -> None:
+def _batching(cfg: TrainConfig) -> None:
   """Minibatches and micro-batches that divide the batch, and groups that fit them."""
   a, r = cfg.algo, cfg.rollout
   _check(
@@ -282,7 +305,7 @@ def _batching(cfg: "TrainConfig") -> None:
     )
 
 
-def _run(cfg: "TrainConfig") -> None:
+def _run(cfg: TrainConfig) -> None:
   _check(
     cfg.optim.schedule in ("constant", "cosine"),
     f"config.optim.schedule={cfg.optim.schedule!r}; use 'constant' or 'cosine'.",
@@ -320,7 +343,7 @@ def _kwargs(text: str, key: str, fn=None, name: str = "") -> None:
     )
 
 
-def _task(cfg: "TrainConfig") -> None:
+def _task(cfg: TrainConfig) -> None:
   from jaxrl_llm.data import TASKS
   from jaxrl_llm.rewards import REWARDS
 
@@ -357,7 +380,7 @@ def _task(cfg: "TrainConfig") -> None:
   )
 
 
-def _model(cfg: "TrainConfig") -> None:
+def _model(cfg: TrainConfig) -> None:
   _check(
     cfg.model.remat in REMAT_POLICIES,
     f"config.model.remat={cfg.model.remat!r} is unknown; use one of {sorted(REMAT_POLICIES)}.",
@@ -376,7 +399,7 @@ def _model(cfg: "TrainConfig") -> None:
   )
 
 
-def _lora(cfg: "TrainConfig") -> None:
+def _lora(cfg: TrainConfig) -> None:
   c = cfg.lora
   if not c.rank:
     _check(
@@ -400,7 +423,9 @@ def _lora(cfg: "TrainConfig") -> None:
   )
 
 
-def _mesh(cfg: "TrainConfig", num_devices: int) -> None:
+def check_devices(cfg: TrainConfig, num_devices: int) -> None:
+  """Raises ConfigError for a mesh that does not fit `num_devices`, or a batch, minibatch,
+  micro-batch or step's prompts that do not split over its data x fsdp devices."""
   a = cfg.algo
   minibatch = cfg.batch_size // a.num_minibatches
   m = cfg.mesh
@@ -423,3 +448,28 @@ def _mesh(cfg: "TrainConfig", num_devices: int) -> None:
       "devices; change config.rollout.prompts_per_step, config.algo.num_minibatches or "
       "config.algo.micro_batches, or the mesh.",
     )
+  _check(
+    cfg.rollout.prompts_per_step % shards == 0,
+    f"config.rollout.prompts_per_step={cfg.rollout.prompts_per_step} does not split over "
+    f"mesh data x fsdp = {shards} devices (each takes its share of a step's prompts); "
+    "make it a multiple, or change the mesh.",
+  )
+
+
+def carve_devices(devices, cfg) -> tuple[list, list]:
+  """(trainer devices, sampler devices) for `rollout.mode='async'`: the sampler takes the
+  last `rollout.sampler_devices / process_count` devices of every process, so both meshes
+  span every process and each process feeds both its own rows."""
+  r, processes = cfg.rollout, jax.process_count()
+  wanted = r.sampler_devices or len(devices) // 2
+  per_process = wanted // processes
+  by_process = [[d for d in devices if d.process_index == p] for p in range(processes)]
+  if wanted % processes or not 0 < per_process < min(len(local) for local in by_process):
+    raise ConfigError(
+      f"config.rollout.sampler_devices={wanted} must leave the trainer devices on each of "
+      f"the {processes} processes ({len(devices)} devices in all) and split evenly over "
+      "them; choose a multiple of the process count below the devices per process."
+    )
+  trainer = [d for local in by_process for d in local[:-per_process]]
+  sampler = [d for local in by_process for d in local[-per_process:]]
+  return trainer, sampler

@@ -1,7 +1,6 @@
 """Checkpoints: exact resume after kill -9, a kill mid-save, corrupt checkpoints, another
 mesh shape, config changes, SIGTERM, and a fresh start."""
 
-import json
 import logging
 import os
 import shutil
@@ -9,20 +8,12 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import jax
-import numpy as np
 import pytest
-from train_test import small_config
+from helpers import REPO, N, assert_bitwise_equal, metric_rows, params, run_killed, small_config
 
 from jaxrl_llm.train import ConfigError, train
-from jaxrl_llm.train.checkpoint import config_dict
-
-REPO = Path(__file__).resolve().parents[1]
-INTERRUPTED = REPO / "tests" / "fixtures" / "interrupted_run.py"
-TIMING = ("step_time_s", "rollout_wait_s", "tokens_per_s", "mfu")
-N = 2  # checkpoint every N steps; runs are 2N steps
 
 
 def ppo_config(workdir, **overrides):
@@ -45,35 +36,6 @@ def ppo_config(workdir, **overrides):
   return cfg
 
 
-def params(summary):
-  return jax.device_get(summary["learner"].state)
-
-
-def assert_bitwise_equal(a, b):
-  leaves_a, leaves_b = jax.tree.leaves(a), jax.tree.leaves(b)
-  assert len(leaves_a) == len(leaves_b)
-  for x, y in zip(leaves_a, leaves_b, strict=True):
-    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
-
-
-def metric_rows(workdir):
-  rows = [json.loads(line) for line in (Path(workdir) / "run" / "metrics.jsonl").open()]
-  return [{k: v for k, v in r.items() if k not in TIMING} for r in rows]
-
-
-def run_killed(cfg, mode, step, tmp_path):
-  config = tmp_path / "config.json"
-  config.write_text(json.dumps(config_dict(cfg)))
-  proc = subprocess.run(
-    [sys.executable, str(INTERRUPTED), str(config), mode, str(step)],
-    cwd=REPO,
-    capture_output=True,
-    text=True,
-    timeout=240,
-  )
-  assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
-
-
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
   """An uninterrupted 2N-step run."""
@@ -82,6 +44,7 @@ def reference(tmp_path_factory):
   return workdir, summary
 
 
+@pytest.mark.slow
 def test_kill_9_then_resume_equals_uninterrupted_run(reference, tmp_path):
   ref_dir, ref = reference
   cfg = ppo_config(tmp_path)
@@ -98,6 +61,7 @@ def test_kill_9_then_resume_equals_uninterrupted_run(reference, tmp_path):
   assert resumed["heldout_accuracy_after"] == ref["heldout_accuracy_after"]
 
 
+@pytest.mark.slow
 def test_kill_during_save_leaves_previous_checkpoint(reference, tmp_path):
   _, ref = reference
   cfg = ppo_config(tmp_path)

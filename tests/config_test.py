@@ -6,7 +6,7 @@ import dataclasses
 import inspect
 
 import pytest
-from train_test import run_cli, small_config
+from helpers import run_cli, small_config
 
 import experiments.configs.default
 from jaxrl_llm import core

@@ -161,7 +161,7 @@ def test_top_p_biases_the_uncorrected_gradient_and_token_tis_removes_it():
 
 
 def test_truncated_sampling_without_a_correction_is_advised_against(tmp_path):
-  from train_test import small_config
+  from helpers import small_config
 
   from jaxrl_llm.train.validate import advice
 
@@ -181,7 +181,7 @@ def _last_metrics(summary):
 def test_the_trainer_weighs_tokens_by_the_samplers_log_probs(tmp_path):
   """On-policy without truncation the sampler's log-probs are the trainer's (no mismatch);
   with top-p they are the nucleus's renormalised ones, so pi_old / pi_behav < 1."""
-  from train_test import small_config
+  from helpers import small_config
 
   from jaxrl_llm.train import train
 

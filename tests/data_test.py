@@ -3,7 +3,7 @@ import json
 import jax
 import numpy as np
 import pytest
-from train_test import small_config
+from helpers import small_config
 
 from jaxrl_llm.data import ArithmeticTask, left_pad, prompt_iterator
 from jaxrl_llm.data.countdown import CountdownTask

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from train_test import run_cli
+from helpers import run_cli
 
 
 @pytest.mark.parametrize("devices", [2, 8])
@@ -33,6 +33,7 @@ def test_main_command_runs_on_several_devices(tmp_path, devices):
   assert len((workdir / "metrics.jsonl").read_text().splitlines()) == 3
 
 
+@pytest.mark.slow
 def test_warm_start_fed_faster_than_the_devices_compute():
   """1000 warm-start steps on 8 devices from a host that prepares each batch in no time. A host
   free to run ahead queues more than the 32 computations per device that XLA's CPU client

@@ -3,7 +3,7 @@ import json
 import jax
 import numpy as np
 import pytest
-from train_test import OnesTask, small_config
+from helpers import OnesTask, small_config
 
 from jaxrl_llm.rollout.dynamic import Round, assemble, informative_groups
 from jaxrl_llm.train import train

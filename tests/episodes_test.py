@@ -9,8 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from checkpoint_test import assert_bitwise_equal, metric_rows, params, run_killed
-from train_test import small_config
+from helpers import assert_bitwise_equal, metric_rows, params, run_killed, small_config
 
 from jaxrl_llm import core
 from jaxrl_llm.envs import ENVIRONMENTS, EnvSpec, register_environment
@@ -179,6 +178,7 @@ def test_no_environment_token_gets_gradient(tmp_path, estimator, monkeypatch):
     assert np.abs(grad[ep.model_mask_BxN]).max() > 0
 
 
+@pytest.mark.slow
 def test_env_run_kill_9_then_resume_equals_uninterrupted_run(tmp_path):
   """A built-in environment (the killed run is another process), resumed mid-run."""
   settings = {

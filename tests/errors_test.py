@@ -6,7 +6,7 @@ import shutil
 
 import jax
 import pytest
-from train_test import run_cli, small_config
+from helpers import run_cli, small_config
 
 from jaxrl_llm.train import ConfigError, train
 

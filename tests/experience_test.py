@@ -7,7 +7,7 @@ import shutil
 import jax
 import numpy as np
 import pytest
-from train_test import OnesTask, _learner, _one_batch, small_config
+from helpers import OnesTask, make_learner, one_batch, small_config
 
 from jaxrl_llm.rollout import producer as producer_lib
 from jaxrl_llm.train import loop as loop_lib
@@ -16,7 +16,7 @@ from jaxrl_llm.train import step as step_lib
 
 
 def _truncated_batch(learner, cfg):
-  batch = _one_batch(learner, cfg)
+  batch = one_batch(learner, cfg)
   truncated = np.asarray(batch.truncated_B)
   assert truncated.any() and not truncated.all()  # the random policy ends some rows only
   return batch, truncated
@@ -30,7 +30,7 @@ def test_cut_off_completions(tmp_path, mode):
   exps = {}
   for truncation in ("terminal", mode):
     cfg = small_config(tmp_path, **base, **{"algo.truncation": truncation})
-    learner = _learner(cfg)
+    learner = make_learner(cfg)
     batch, truncated = _truncated_batch(learner, cfg)
     exps[truncation] = jax.device_get(learner.experience(batch)[0])
   terminal, other = exps["terminal"], exps[mode]
@@ -134,7 +134,7 @@ def test_generation_stops_on_every_declared_end_id(tmp_path):
   model_dir = tmp_path / "model"
   shutil.copytree("tests/fixtures/qwen2_tied", model_dir)
   cfg = small_config(tmp_path, **{"model.path": str(model_dir), "task.prompt_length": 16})
-  learner = _learner(cfg)
+  learner = make_learner(cfg)
   task = loop_lib.Task(cfg)
   local = task.spec.examples("train", 8, 0)
   prompt = producer_lib.local_prompts(learner, task, local)
@@ -153,7 +153,7 @@ def test_generation_stops_on_every_declared_end_id(tmp_path):
   (model_dir / "generation_config.json").write_text(
     json.dumps({"eos_token_id": [eos, *first_tokens]})
   )
-  declared = _learner(cfg)
+  declared = make_learner(cfg)
   assert declared.eos_ids == tuple(sorted({eos, *first_tokens}))
   out = run(declared)
   np.testing.assert_array_equal(out.lengths_B, 1)  # every row ends at its first token
@@ -194,7 +194,7 @@ def test_a_cut_off_episode_bootstraps_from_the_state_after_its_last_real_token(t
     **{"algo.estimator": "gae", "algo.gamma": 0.9, "algo.lam": 0.8,
        "algo.estimator_kwargs": '{"whiten": false}', "rollout.max_new_tokens": 4},
   )  # fmt: skip
-  learner = _learner(cfg)
+  learner = make_learner(cfg)
   B, N, rng = cfg.batch_size, 16, np.random.default_rng(0)
   vocab = learner.model_cfg.vocab_size
   mask = np.ones((B, N), bool)

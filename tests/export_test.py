@@ -4,7 +4,7 @@ import jax
 import numpy as np
 import pytest
 from flax import nnx
-from train_test import OnesTask, small_config
+from helpers import OnesTask, small_config
 
 from jaxrl_llm import export as export_lib
 from jaxrl_llm.models import HFTokenizer, load_model

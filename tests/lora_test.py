@@ -11,10 +11,16 @@ import numpy as np
 import optax
 import pytest
 import qwix
-from checkpoint_test import assert_bitwise_equal, run_killed
 from flax import nnx
+from helpers import (
+  OnesTask,
+  assert_bitwise_equal,
+  make_learner,
+  one_batch,
+  run_killed,
+  small_config,
+)
 from safetensors.numpy import load_file, save_file
-from train_test import OnesTask, _learner, _one_batch, small_config
 
 import experiments.configs.default
 from jaxrl_llm import core
@@ -130,7 +136,7 @@ def test_only_the_adapters_train_and_the_reference_is_the_base(tmp_path):
       "optim.learning_rate": 1e-2,
     },
   )
-  learner = _learner(cfg)
+  learner = make_learner(cfg)
   state = learner.state
   adapters, base = lora_lib.split_trainable(state.policy)
   # No copy of the base anywhere: no reference, and optimizer moments for adapters only.
@@ -141,7 +147,7 @@ def test_only_the_adapters_train_and_the_reference_is_the_base(tmp_path):
   assert not base_shapes & set(_shapes(outside))
   base_before, adapters_before = jax.device_get((base, adapters))
 
-  batch = _one_batch(learner, cfg)
+  batch = one_batch(learner, cfg)
   exp, _ = learner.experience(batch)
   assert np.any(np.asarray(exp.ref_logp_BxN) != 0)
   np.testing.assert_array_equal(exp.ref_logp_BxN, exp.old_logp_BxN)  # B = 0: policy = base
@@ -162,8 +168,8 @@ def test_only_the_adapters_train_and_the_reference_is_the_base(tmp_path):
 
 def test_gradients_reach_the_adapters_only(tmp_path):
   cfg = small_config(tmp_path, **{"lora.rank": 4, "lora.targets": "q,v", "algo.num_minibatches": 1})
-  learner = _learner(cfg)
-  exp, _ = learner.experience(_one_batch(learner, cfg))
+  learner = make_learner(cfg)
+  exp, _ = learner.experience(one_batch(learner, cfg))
   adapters, base = lora_lib.split_trainable(learner.state.policy)
   names = {str(path[-1]) for path, _ in nnx.to_flat_state(adapters)}
   assert names == {"q_lora_a", "q_lora_b", "v_lora_a", "v_lora_b"}
@@ -200,6 +206,7 @@ def _lora_path_config(tmp_path, **overrides):
   return small_config(tmp_path, **(settings | overrides))
 
 
+@pytest.mark.slow
 def test_lora_checkpoints_hold_adapters_only_and_resume_bitwise_after_kill_9(tmp_path):
   ref = train(_lora_path_config(tmp_path / "ref"))
   cfg = _lora_path_config(tmp_path / "killed")
@@ -351,7 +358,7 @@ def test_lora_grpo_learns_the_default_task(tmp_path):
 def test_a_quantization_tile_that_does_not_divide_names_the_key(tmp_path):
   cfg = small_config(tmp_path, **{"lora.rank": 4, "lora.quantize": "int8", "lora.quant_tile": 48})
   with pytest.raises(ConfigError, match="config.lora.quant_tile=48: .*tiles of 48"):
-    _learner(cfg)
+    make_learner(cfg)
 
 
 def test_a_lora_training_pass_counts_4n_flops_per_token(tmp_path):
@@ -374,12 +381,12 @@ def test_adapter_dropout_stays_out_of_the_behaviour_correction(tmp_path, updates
     **{"lora.rank": 4, "lora.dropout": 0.5, "algo.correction": "token_tis",
        "algo.num_minibatches": updates},
   )  # fmt: skip
-  learner = _learner(cfg)
+  learner = make_learner(cfg)
   adapters, base = lora_lib.split_trainable(learner.state.policy)
   keys = iter(jax.random.split(jax.random.key(4), len(jax.tree.leaves(adapters))))
   moved = jax.tree.map(lambda x: x + 0.3 * jax.random.normal(next(keys), x.shape), adapters)
   learner.state = learner.state._replace(policy=lora_lib.join_trainable(moved, base))
-  exp, _ = learner.experience(_one_batch(learner, cfg))
+  exp, _ = learner.experience(one_batch(learner, cfg))
   metrics = jax.device_get(learner.update(exp))
   assert metrics["mismatch_k3"][0] < 1e-6, metrics["mismatch_k3"]
   assert metrics["is_weight_mean"][0] == pytest.approx(1.0, abs=1e-5)

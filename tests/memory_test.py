@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from train_test import OnesTask, _one_batch, small_config
+from helpers import OnesTask, one_batch, small_config
 
 from jaxrl_llm import core
 from jaxrl_llm import export as export_lib
@@ -46,7 +46,7 @@ def _config(tmp_path, setting, **overrides):
   return small_config(tmp_path, **base, **setting, **overrides)
 
 
-def _learner(cfg, devices):
+def make_learner(cfg, devices):
   tok = loop_lib.Task(cfg).tokenizer
   learner = Learner(cfg, make_mesh(devices=devices), tok.vocab_size, tok.eos_id, tok.pad_id)
   learner.init_state()
@@ -65,8 +65,8 @@ def _unstacked(params):
 
 def _experience_and_grads(cfg, devices, batch=None):
   """The experience of one rollout and the policy gradient, accumulated over 2 micro-batches."""
-  learner = _learner(cfg, devices)
-  batch = _one_batch(learner, cfg) if batch is None else learner.shard_batch(batch)
+  learner = make_learner(cfg, devices)
+  batch = one_batch(learner, cfg) if batch is None else learner.shard_batch(batch)
   exp, _ = learner.experience(batch)
   objective = functools.partial(
     step_lib.policy_objective, policy_def=learner.policy_def, cfg=cfg, algo=step_lib.algorithm(cfg)
@@ -129,8 +129,8 @@ def test_the_compiled_update_never_holds_BxNxV(tmp_path):
   """No value anywhere in the policy update's jaxpr (forward and backward, every micro-batch
   and scan body) has a micro-batch's rows x completion tokens x vocab elements."""
   cfg = _config(tmp_path, CHUNKED, **{"rollout.max_new_tokens": 8})
-  learner = _learner(cfg, jax.devices()[:1])
-  exp, _ = learner.experience(_one_batch(learner, cfg))
+  learner = make_learner(cfg, jax.devices()[:1])
+  exp, _ = learner.experience(one_batch(learner, cfg))
   V, N = learner.model_cfg.vocab_size, exp.batch.tokens_BxN.shape[1]
   rows = cfg.micro_batch_rows
 

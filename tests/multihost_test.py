@@ -13,7 +13,8 @@ from pathlib import Path
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
-from train_test import OnesTask, small_config
+import pytest
+from helpers import OnesTask, small_config
 
 from jaxrl_llm.train import train
 from jaxrl_llm.train.checkpoint import config_dict
@@ -94,6 +95,7 @@ def _rows(workdir):
   return [{k: v for k, v in r.items() if k not in TIMING} for r in rows]
 
 
+@pytest.mark.slow
 def test_two_processes_equal_one_process_with_8_devices(tmp_path):
   # 2 iterations, then the same run continued to 3: the second launch resumes from the
   # checkpoint both processes wrote.
@@ -125,6 +127,7 @@ def test_two_processes_equal_one_process_with_8_devices(tmp_path):
   assert summary["heldout_accuracy_after"] == single["heldout_accuracy_after"]
 
 
+@pytest.mark.slow
 def test_async_sampler_mesh_spanning_two_processes(tmp_path):
   """Async mode across 2 processes x 4 devices: the sampler takes 2 devices of each
   process (a 4-device mesh over both), the trainer the other 4; the run equals the same

@@ -7,8 +7,7 @@ from pathlib import Path
 
 import jax
 import pytest
-from checkpoint_test import N, assert_bitwise_equal, metric_rows, params, run_killed
-from train_test import OnesTask, small_config
+from helpers import N, OnesTask, assert_bitwise_equal, metric_rows, params, run_killed, small_config
 
 from jaxrl_llm.train import ConfigError, train
 
@@ -43,6 +42,7 @@ def test_rollouts_are_at_most_off_policy_steps_old(tmp_path, ahead, staleness):
     assert min(stale) > 100 * max(fresh)  # older params sampled them: a measurable gap
 
 
+@pytest.mark.slow
 def test_off_policy_kill_9_then_resume_equals_uninterrupted_run(tmp_path):
   ref = train(small_config(tmp_path / "ref", **OFF_POLICY))
   cfg = small_config(tmp_path / "killed", **OFF_POLICY)
@@ -80,6 +80,7 @@ def test_async_on_4_plus_4_devices_equals_sync_off_policy_on_4(tmp_path, lora):
   assert metric_rows(tmp_path / "async") == metric_rows(tmp_path / "sync")
 
 
+@pytest.mark.slow
 def test_async_kill_9_then_resume_equals_uninterrupted_run(tmp_path):
   ref = train(small_config(tmp_path / "ref", **ASYNC))
   cfg = small_config(tmp_path / "killed", **ASYNC)

@@ -9,7 +9,7 @@ from pathlib import Path
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from train_test import small_config
+from helpers import small_config
 
 from jaxrl_llm import core
 from jaxrl_llm.data import TASKS, ChainTask
@@ -245,3 +245,17 @@ def test_a_group_baselines_eps_is_bound_from_adv_eps(tmp_path):
   token = small_config(tmp_path, **{"algo.estimator": "reinforce_plus_plus",
                                     "algo.estimator_kwargs": '{"eps": 0.01}'})  # fmt: skip
   assert step_lib.algorithm(token).estimator.keywords == {"gamma": 1.0, "eps": 0.01}
+
+
+def test_functions_stay_short():
+  """No function of the package runs past 60 lines, unless its docstring says why (a table
+  of cases, one scan body): long ones are split by concern."""
+  long = []
+  for path in sorted(PACKAGE.rglob("*.py")):
+    for node in ast.walk(ast.parse(path.read_text())):
+      if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+        lines = node.end_lineno - node.lineno + 1
+        doc = ast.get_docstring(node) or ""
+        if lines > 60 and "Long on purpose:" not in doc:
+          long.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {node.name} ({lines} lines)")
+  assert not long, long

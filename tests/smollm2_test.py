@@ -56,6 +56,7 @@ def test_logits_match_transformers_on_a_left_padded_batch(smollm2):
   np.testing.assert_array_equal(logits.argmax(-1)[valid], ref["argmax"][valid])
 
 
+@pytest.mark.slow
 def test_greedy_chat_continuations_match_transformers(smollm2):
   path, model, tok, ref = smollm2
   end = tok.encode("<|im_end|>")
@@ -81,6 +82,7 @@ def test_greedy_chat_continuations_match_transformers(smollm2):
     assert got == want, (PROMPTS[row], tok.decode(got), tok.decode(want))
 
 
+@pytest.mark.slow
 def test_sampled_logprobs_equal_teacher_forced_ones(smollm2):
   _, model, tok, _ = smollm2
   seq = _chat(tok, PROMPTS[0])

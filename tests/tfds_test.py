@@ -54,7 +54,7 @@ def test_trainer_reads_through_tfds(tmp_path):
   import json
 
   import jax
-  from train_test import small_config
+  from helpers import small_config
 
   from jaxrl_llm.data.tfds_builders import TfdsSource
   from jaxrl_llm.train import train

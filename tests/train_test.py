@@ -3,60 +3,18 @@ learning, and configuration errors."""
 
 import functools
 import json
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from helpers import OnesTask, make_learner, one_batch, rewards_of, run_cli, small_config
 
 import experiments.configs.default
 from jaxrl_llm import core
-from jaxrl_llm.models.sharding import make_mesh
-from jaxrl_llm.rollout import producer as producer_lib
 from jaxrl_llm.train import ConfigError, TrainingDiverged, from_config_dict, train
-from jaxrl_llm.train import loop as loop_lib
 from jaxrl_llm.train import step as step_lib
-from jaxrl_llm.train.learner import Learner
-
-
-def small_config(tmp_path, **overrides):
-  c = experiments.configs.default.get_config()
-  c.model.update(hidden_size=32, intermediate_size=64, num_layers=1)
-  c.task.update(train_examples=256)
-  c.rollout.update(prompts_per_step=8, group_size=4)
-  c.warmstart.update(steps=0)
-  c.run.update(
-    steps=1,
-    eval_examples=16,
-    eval_batch_size=16,
-    progress=False,
-    tensorboard=False,
-    workdir=str(tmp_path / "run"),
-  )
-  for key, value in overrides.items():
-    section, name = key.split(".")
-    c[section][name] = value
-  return from_config_dict(c)
-
-
-class OnesTask(loop_lib.Task):
-  """Trivially learnable: the reward is the fraction of completion characters that are '1'."""
-
-  def __init__(self, cfg):
-    super().__init__(cfg)
-    n = cfg.rollout.max_new_tokens
-
-    def ones(completions, examples):
-      return [c.count("1") / n for c in completions]
-
-    self.reward_fns = {"exact_match": (ones, 1.0)}
-
-
-def _rewards(summary):
-  return [json.loads(line)["reward_mean"] for line in open(summary["metrics"])]
 
 
 def test_8_device_iteration_equals_1_device(tmp_path):
@@ -72,31 +30,6 @@ def test_8_device_iteration_equals_1_device(tmp_path):
   )
 
 
-def _one_batch(learner, cfg, seed=0):
-  task = OnesTask(cfg)  # rewards that vary within groups, so advantages are not all zero
-  examples = task.spec.examples("train", cfg.rollout.prompts_per_step, seed)
-  prompt, out = producer_lib.sample(learner, task, examples, cfg, jax.random.key(seed))
-  scores = producer_lib.scored(learner, task, examples, out, cfg)
-  return step_lib.Batch(
-    *prompt,
-    out.tokens_BxN,
-    out.mask_BxN,
-    learner.shard_batch(scores.local_B),
-    out.truncated_B,
-    behav_logp_BxN=out.logprobs_BxN,
-  )
-
-
-def _learner(cfg):
-  task = loop_lib.Task(cfg)
-  tok = task.tokenizer
-  learner = Learner(
-    cfg, make_mesh(devices=jax.devices()[:1]), tok.vocab_size, tok.eos_id, tok.pad_id
-  )
-  learner.init_state()
-  return learner
-
-
 @pytest.mark.parametrize("loss", ["ppo_clip", "gspo", "cispo"])
 def test_first_minibatch_ratio_is_exactly_one(tmp_path, loss):
   cfg = small_config(
@@ -108,8 +41,8 @@ def test_first_minibatch_ratio_is_exactly_one(tmp_path, loss):
       "optim.learning_rate": 1e-2,
     },
   )
-  learner = _learner(cfg)
-  batch = _one_batch(learner, cfg)
+  learner = make_learner(cfg)
+  batch = one_batch(learner, cfg)
   exp, exp_metrics = learner.experience(batch)
   metrics = jax.device_get(learner.update(exp))
   assert metrics["ratio_min"][0] == 1.0 and metrics["ratio_max"][0] == 1.0
@@ -123,8 +56,8 @@ def test_accumulation_does_not_change_loss_or_gradient(tmp_path, mode):
   cfg = small_config(
     tmp_path, **{"algo.aggregation": mode, "algo.kl_coef": 0.1, "algo.entropy_coef": 0.01}
   )
-  learner = _learner(cfg)
-  exp, _ = learner.experience(_one_batch(learner, cfg))
+  learner = make_learner(cfg)
+  exp, _ = learner.experience(one_batch(learner, cfg))
   objective = functools.partial(
     step_lib.policy_objective, policy_def=learner.policy_def, cfg=cfg, algo=step_lib.algorithm(cfg)
   )
@@ -158,8 +91,8 @@ def test_accumulation_does_not_change_loss_or_gradient(tmp_path, mode):
 
 def test_critic_metrics_do_not_depend_on_micro_batches(tmp_path):
   cfg = small_config(tmp_path, **{"algo.estimator": "gae", "algo.cliprange_value": 0.05})
-  learner = _learner(cfg)
-  exp, _ = learner.experience(_one_batch(learner, cfg))
+  learner = make_learner(cfg)
+  exp, _ = learner.experience(one_batch(learner, cfg))
   noise = jax.random.normal(jax.random.key(2), exp.old_values_BxN.shape) * 0.2
   exp = exp._replace(old_values_BxN=exp.old_values_BxN + noise)
   objective = functools.partial(step_lib.critic_objective, critic_def=learner.critic_def, cfg=cfg)
@@ -190,8 +123,8 @@ def test_shared_prompts_give_the_same_experience_and_gradients(tmp_path, estimat
       **{"algo.estimator": estimator, "algo.kl_coef": 0.1, "algo.share_prompts": share},
     )
     assert cfg.share_prompts is share
-    learner = _learner(cfg)
-    exp, _ = learner.experience(_one_batch(learner, cfg))
+    learner = make_learner(cfg)
+    exp, _ = learner.experience(one_batch(learner, cfg))
     mask = exp.batch.mask_BxN
     denominator = core.aggregate_denominator(mask, cfg.algo.aggregation)
     one_micro = jax.tree.map(lambda x: x[None], exp)
@@ -230,7 +163,7 @@ def test_short_run_raises_reward(tmp_path, estimator):
     },
   )
   summary = train(cfg, devices=jax.devices()[:1], task=OnesTask(cfg))
-  rewards = _rewards(summary)
+  rewards = rewards_of(summary)
   assert len(rewards) == 20
   assert np.mean(rewards[-5:]) > np.mean(rewards[:5]) + 0.1, rewards
 
@@ -408,14 +341,6 @@ def test_prompts_not_divisible_by_devices(tmp_path):
     train(cfg)
 
 
-def run_cli(*flags, env=None, check=False):
-  """`python -m jaxrl_llm.train --config experiments/configs/default.py <flags>` in a subprocess."""
-  command = [sys.executable, "-m", "jaxrl_llm.train", "--config", "experiments/configs/default.py"]
-  return subprocess.run(
-    [*command, *flags], capture_output=True, text=True, timeout=600, env=env, check=check
-  )
-
-
 def test_cli_runs(tmp_path):
   out = run_cli(
     "--config.run.steps=2",
@@ -467,8 +392,8 @@ def test_kl_to_the_reference_averages_over_rows_in_the_loss(tmp_path):
   rows that have loss tokens: rows the loss leaves out do not dilute it, however the
   minibatch is split into micro-batches."""
   cfg = small_config(tmp_path, **{"algo.kl_coef": 0.1, "algo.num_minibatches": 2})
-  learner = _learner(cfg)
-  batch = _one_batch(learner, cfg)
+  learner = make_learner(cfg)
+  batch = one_batch(learner, cfg)
   B = cfg.batch_size
   kept = np.ones(B, bool)
   kept[: B // 2 : 2] = False  # some rows out of the loss, more of them in the first micro-batches

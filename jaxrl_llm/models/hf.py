@@ -216,6 +216,20 @@ def load_model(
     raise CheckpointError(f"{path / 'config.json'}: {reason}") from None
   files = tensor_files(path)
   specs = {spec.hf_name: spec for spec in tensor_specs(cfg)}
+  _check_tensor_names(path, cfg, files, specs)
+  abstract = nnx.eval_shape(lambda: CausalLM(cfg, rngs=nnx.Rngs(0)))
+  graphdef, state = nnx.split(abstract)
+  params = nnx.to_pure_dict(state)
+  place = lambda at, value: jax.device_put(
+    value, None if sharding is None else sharding(_get(state, at).logical_axes, value.shape)
+  )
+  _read_tensors(cfg, files, specs, params, place)
+  nnx.replace_by_pure_dict(state, params)
+  return nnx.merge(graphdef, state)
+
+
+def _check_tensor_names(path: Path, cfg, files: dict, specs: dict) -> None:
+  """Every tensor the config implies is in the files, and every file tensor is one of them."""
   missing = [name for name in specs if name not in files]
   if missing:
     where = INDEX_FILE if (path / INDEX_FILE).exists() else SINGLE_FILE
@@ -235,13 +249,12 @@ def load_model(
       f"tensor {unexpected[0]!r} in {files[unexpected[0]]} is not part of a {cfg.architecture} "
       f"model with this config.json ({len(unexpected)} unexpected in all)."
     )
-  abstract = nnx.eval_shape(lambda: CausalLM(cfg, rngs=nnx.Rngs(0)))
-  graphdef, state = nnx.split(abstract)
-  params = nnx.to_pure_dict(state)
+
+
+def _read_tensors(cfg, files: dict, specs: dict, params: dict, place) -> None:
+  """Each file's tensors into `params`, placed by `place(path, value)`; a scanned layer's
+  tensor goes into its slot of the stacked parameter, placed once the stack is complete."""
   np_dtype = np.dtype(cfg.param_dtype)
-  place = lambda at, value: jax.device_put(
-    value, None if sharding is None else sharding(_get(state, at).logical_axes, value.shape)
-  )
   stacks: dict[tuple, np.ndarray] = {}  # scanned layers: stacked path -> [L, ...] buffer
   for file, names in _by_file(files, specs):
     with safetensors.safe_open(file, framework="numpy") as f:
@@ -266,8 +279,6 @@ def load_model(
         del value
   for at, value in stacks.items():
     _set(params, at, place(at, value))
-  nnx.replace_by_pure_dict(state, params)
-  return nnx.merge(graphdef, state)
 
 
 def _get(tree: dict, path: tuple):

@@ -368,77 +368,93 @@ def _fusion_traffic(instr: Instr, shapes: dict[str, str], fused: list[Instr]) ->
 def analyze(text: str) -> Stats:
   """Per-device FLOPs, HBM traffic and collectives of one run of the module."""
   computations, entry = parse(text)
-  memo: dict[tuple[str, bool], Stats] = {}
+  return _visit(entry, True, computations, {})
 
-  def visit(name: str, top_level: bool) -> Stats:
-    key = (name, top_level)
-    if key in memo:
-      return memo[key]
-    stats = Stats()
-    instrs = computations.get(name, [])
-    shapes = {i.name: i.shape for i in instrs}
-    passthrough = set() if top_level else _passthrough(instrs)
-    for instr in instrs:
-      op = instr.opcode
-      operand_bytes = sum(shape_bytes(shapes.get(o, "")) for o in instr.operands)
-      if op == "while":
-        trip = _trip_count(instr, computations)
-        n = 1 if trip is None else trip
-        stats.unknown_loops += trip is None
-        stats.add(visit(_attr(instr.attrs, "body"), top_level), n)
-        stats.add(visit(_attr(instr.attrs, "condition"), top_level), n + 1)
-        continue
-      if op == "conditional":
-        branches = _called(instr.attrs, "branch_computations") or [
-          b for b in (_attr(instr.attrs, k) for k in ("true_computation", "false_computation")) if b
-        ]
-        if branches:  # the costliest branch
-          stats.add(max((visit(b, top_level) for b in branches), key=lambda s: s.flops))
-        continue
-      if op == "call":
-        for callee in _called(instr.attrs, "to_apply"):
-          stats.add(visit(callee, top_level))
-      elif op == "async-start":
-        for callee in _called(instr.attrs, "calls"):
-          stats.add(visit(callee, top_level))
-      if op == "fusion":
-        for callee in _called(instr.attrs, "calls"):
-          inner = visit(callee, False)  # not top level: its traffic is the fusion's own
-          stats.add(inner)
-          if "all-reduce-scatter" in callee and not inner.collectives:
-            stats.collectives["reduce-scatter"] += operand_bytes
-            stats.collective_counts["reduce-scatter"] += 1
-      elif op == "dot":
-        stats.flops += _dot_flops(instr, shapes)
-      elif op == "convolution":
-        stats.flops += _conv_flops(instr, shapes)
-      elif op == "custom-call" and re.search(r'custom_call_target="__cublas', instr.attrs):
-        stats.flops += _gemm_call_flops(instr, shapes)
-      kind = _collective_kind(op)
-      if kind and not top_level and _continuation(instr, instrs, passthrough):
-        kind = None  # counted in the chain's first fusion
-      if kind:
-        moved = operand_bytes
-        if kind == "all-gather":  # an async start's shape is (operand, result)
-          moved = (
-            _last_array_bytes(instr.shape) if op.endswith("-start") else shape_bytes(instr.shape)
-          )
-        stats.collectives[kind] += moved
-        stats.collective_counts[kind] += 1
-      if top_level and op not in _FREE and not op.endswith("-done"):
-        sliced = _sliced_traffic(instr, shapes)
-        if op == "fusion" and _called(instr.attrs, "calls"):
-          fused = computations.get(_called(instr.attrs, "calls")[0], [])
-          stats.hbm_bytes += _fusion_traffic(instr, shapes, fused)
-        elif sliced is not None:
-          stats.hbm_bytes += sliced
-        else:
-          stats.hbm_bytes += sum(hbm_bytes(shapes.get(o, "")) for o in instr.operands)
-          stats.hbm_bytes += hbm_bytes(instr.shape)
-    memo[key] = stats
-    return stats
 
-  return visit(entry, True)
+def _visit(name: str, top_level: bool, computations: dict, memo: dict) -> Stats:
+  """One computation's stats, its callees' included (memoised by name and level)."""
+  key = (name, top_level)
+  if key in memo:
+    return memo[key]
+  stats = Stats()
+  instrs = computations.get(name, [])
+  shapes = {i.name: i.shape for i in instrs}
+  passthrough = set() if top_level else _passthrough(instrs)
+  visit = lambda callee, level=top_level: _visit(callee, level, computations, memo)
+  for instr in instrs:
+    operand_bytes = sum(shape_bytes(shapes.get(o, "")) for o in instr.operands)
+    if _control_flow(instr, computations, visit, stats, operand_bytes):
+      continue
+    stats.flops += _instruction_flops(instr, shapes)
+    _count_collective(instr, instrs, passthrough, top_level, operand_bytes, stats)
+    if top_level and instr.opcode not in _FREE and not instr.opcode.endswith("-done"):
+      stats.hbm_bytes += _instruction_traffic(instr, shapes, computations)
+  memo[key] = stats
+  return stats
+
+
+def _control_flow(instr, computations, visit, stats: Stats, operand_bytes) -> bool:
+  """Adds what `instr` calls: a loop's body times its trip count, a conditional's costliest
+  branch, a call's or fusion's callee. True when nothing else of `instr` is counted."""
+  op = instr.opcode
+  if op == "while":
+    trip = _trip_count(instr, computations)
+    n = 1 if trip is None else trip
+    stats.unknown_loops += trip is None
+    stats.add(visit(_attr(instr.attrs, "body")), n)
+    stats.add(visit(_attr(instr.attrs, "condition")), n + 1)
+    return True
+  if op == "conditional":
+    branches = _called(instr.attrs, "branch_computations") or [
+      b for b in (_attr(instr.attrs, k) for k in ("true_computation", "false_computation")) if b
+    ]
+    if branches:  # the costliest branch
+      stats.add(max((visit(b) for b in branches), key=lambda s: s.flops))
+    return True
+  callees = {"call": "to_apply", "async-start": "calls", "fusion": "calls"}.get(op)
+  for callee in _called(instr.attrs, callees) if callees else ():
+    inner = visit(callee, False) if op == "fusion" else visit(callee)  # fusion: its own traffic
+    stats.add(inner)
+    if op == "fusion" and "all-reduce-scatter" in callee and not inner.collectives:
+      stats.collectives["reduce-scatter"] += operand_bytes
+      stats.collective_counts["reduce-scatter"] += 1
+  return False
+
+
+def _instruction_flops(instr, shapes) -> float:
+  if instr.opcode == "dot":
+    return _dot_flops(instr, shapes)
+  if instr.opcode == "convolution":
+    return _conv_flops(instr, shapes)
+  if instr.opcode == "custom-call" and re.search(r'custom_call_target="__cublas', instr.attrs):
+    return _gemm_call_flops(instr, shapes)
+  return 0.0
+
+
+def _count_collective(instr, instrs, passthrough, top_level, operand_bytes, stats: Stats):
+  kind = _collective_kind(instr.opcode)
+  if kind and not top_level and _continuation(instr, instrs, passthrough):
+    kind = None  # counted in the chain's first fusion
+  if not kind:
+    return
+  moved = operand_bytes
+  if kind == "all-gather":  # an async start's shape is (operand, result)
+    start = instr.opcode.endswith("-start")
+    moved = _last_array_bytes(instr.shape) if start else shape_bytes(instr.shape)
+  stats.collectives[kind] += moved
+  stats.collective_counts[kind] += 1
+
+
+def _instruction_traffic(instr, shapes, computations) -> float:
+  """The HBM bytes a top-level instruction moves: a fusion's by what it reads and writes, a
+  slice's by the slice, anything else its operands and result."""
+  sliced = _sliced_traffic(instr, shapes)
+  if instr.opcode == "fusion" and _called(instr.attrs, "calls"):
+    fused = computations.get(_called(instr.attrs, "calls")[0], [])
+    return _fusion_traffic(instr, shapes, fused)
+  if sliced is not None:
+    return sliced
+  return sum(hbm_bytes(shapes.get(o, "")) for o in instr.operands) + hbm_bytes(instr.shape)
 
 
 def _last_array_bytes(shape: str) -> float:

@@ -251,6 +251,33 @@ def _drop_padding_columns(prompt_BxP, prompt_mask_BxP, multiple: int = 8):
   return prompt_BxP[:, P - width :], prompt_mask_BxP[:, P - width :]
 
 
+def _check_arguments(prompt_BxP, prompt_mask_BxP, max_new_tokens, num_samples, sampling, mesh):
+  """`generate`'s arguments, checked before anything traces, with a message that names them."""
+  temperature, top_k, top_p = sampling
+  if prompt_BxP.ndim != 2 or prompt_BxP.shape != prompt_mask_BxP.shape:
+    raise ValueError(
+      f"prompts {prompt_BxP.shape} and mask {prompt_mask_BxP.shape} must be one [B, P] shape."
+    )
+  if max_new_tokens < 1 or num_samples < 1:
+    raise ValueError(
+      f"max_new_tokens ({max_new_tokens}) and num_samples ({num_samples}) must be >= 1."
+    )
+  if (
+    temperature < 0
+    or (top_p is not None and not 0 < top_p <= 1)
+    or (top_k is not None and top_k < 1)
+  ):
+    raise ValueError(
+      f"need temperature >= 0, 0 < top_p <= 1 and top_k >= 1; got {temperature}, {top_p}, {top_k}."
+    )
+  rows = prompt_BxP.shape[0] * num_samples
+  if mesh is not None and rows % batch_size_divisor(mesh):
+    raise ValueError(
+      f"B*G = {rows} rows must divide over the mesh's data x fsdp = "
+      f"{batch_size_divisor(mesh)} devices."
+    )
+
+
 def generate(
   model,
   prompt_BxP,
@@ -280,41 +307,22 @@ def generate(
     temperature: > 0 samples from softmax(logits / temperature); 0 is greedy.
     top_k, top_p: optional truncation of the sampling distribution.
     eos_ids: ids that end a completion (the EOS itself is kept and masked in).
-    num_samples: G completions per prompt, rows i*G .. i*G+G-1 for prompt i.
-    pad_id: written after a row's EOS.
+    num_samples: G completions per prompt, rows i*G .. i*G+G-1 for prompt i; pad_id:
+      written after a row's EOS.
     params: the parameter state when `model` is a graphdef.
     mesh: a (data, fsdp, tensor) mesh; the B*G rows are split over data and fsdp.
       Place the params with `models.sharding.shard_params` first.
     cache_dtype: KV cache dtype (default: the model's compute dtype).
-    trim: drop leading columns that are padding in every row (a few widths compile);
-      False keeps the prompts' width, so one program serves every call of that shape.
+    trim: drop columns of padding in every row (a few widths compile); False keeps the
+      width, so one program serves every call of that shape.
   """
   if params is None:
     graphdef, params = nnx.split(model)
   else:
     graphdef = model
-  if prompt_BxP.ndim != 2 or prompt_BxP.shape != prompt_mask_BxP.shape:
-    raise ValueError(
-      f"prompts {prompt_BxP.shape} and mask {prompt_mask_BxP.shape} must be one [B, P] shape."
-    )
-  if max_new_tokens < 1 or num_samples < 1:
-    raise ValueError(
-      f"max_new_tokens ({max_new_tokens}) and num_samples ({num_samples}) must be >= 1."
-    )
-  if (
-    temperature < 0
-    or (top_p is not None and not 0 < top_p <= 1)
-    or (top_k is not None and top_k < 1)
-  ):
-    raise ValueError(
-      f"need temperature >= 0, 0 < top_p <= 1 and top_k >= 1; got {temperature}, {top_p}, {top_k}."
-    )
-  rows = prompt_BxP.shape[0] * num_samples
-  if mesh is not None and rows % batch_size_divisor(mesh):
-    raise ValueError(
-      f"B*G = {rows} rows must divide over the mesh's data x fsdp = "
-      f"{batch_size_divisor(mesh)} devices."
-    )
+  _check_arguments(
+    prompt_BxP, prompt_mask_BxP, max_new_tokens, num_samples, (temperature, top_k, top_p), mesh
+  )
   if trim:
     prompt_BxP, prompt_mask_BxP = _drop_padding_columns(prompt_BxP, prompt_mask_BxP)
   return _generate(

@@ -118,6 +118,35 @@ def _algo(cfg: TrainConfig) -> None:
   _one_door(cfg)
   _shared_clip_knobs(cfg)
   _known(a.aggregation, core.AGGREGATION_MODES, "algo.aggregation")
+  _kl(cfg)
+  if a.estimator in core.GROUP_ESTIMATORS:
+    _check(
+      r.group_size >= 2,
+      f"config.rollout.group_size={r.group_size} with config.algo.estimator={a.estimator!r}: "
+      "a group baseline needs at least 2 samples per prompt (with one, every advantage is "
+      "0 and nothing is learned); raise config.rollout.group_size or use 'gae'.",
+    )
+  _check(
+    a.truncation in (None, "terminal", "bootstrap", "mask"),
+    f"config.algo.truncation={a.truncation!r}; use 'bootstrap', 'mask' or 'terminal'.",
+  )
+  _check(
+    cfg.truncation != "bootstrap" or cfg.uses_critic,
+    f"config.algo.truncation='bootstrap' continues a cut-off completion from the critic's "
+    f"value, and estimator={a.estimator!r} has no critic; use 'gae', or truncation='mask' "
+    "or 'terminal'.",
+  )
+  if a.entropy_target is not None:
+    _check(
+      a.entropy_target > 0 and a.entropy_step > 0 and a.entropy_coef_max >= a.entropy_coef,
+      "config.algo.entropy_target needs entropy_target > 0, entropy_step > 0 and "
+      "entropy_coef_max >= entropy_coef.",
+    )
+
+
+def _kl(cfg: TrainConfig) -> None:
+  """The KL term's estimator, placement and controller."""
+  a = cfg.algo
   _known(a.kl_estimator, core.KL_ESTIMATORS, "algo.kl_estimator")
   _check(
     a.kl_placement in ("loss", "reward", "none"),
@@ -139,35 +168,12 @@ def _algo(cfg: TrainConfig) -> None:
       f"only per-token estimators ({', '.join(core.TOKEN_ESTIMATORS)}) see; with "
       f"estimator={a.estimator!r} use kl_placement='loss'.",
     )
-  if a.estimator in core.GROUP_ESTIMATORS:
-    _check(
-      r.group_size >= 2,
-      f"config.rollout.group_size={r.group_size} with config.algo.estimator={a.estimator!r}: "
-      "a group baseline needs at least 2 samples per prompt (with one, every advantage is "
-      "0 and nothing is learned); raise config.rollout.group_size or use 'gae'.",
-    )
   _check(
     not (a.kl_placement == "none" and a.kl_coef > 0),
     f"config.algo.kl_placement='none' with config.algo.kl_coef={a.kl_coef}: the KL term "
     "would be computed nowhere. Set kl_placement='loss' (GRPO) or 'reward' (PPO-RLHF), or "
     "kl_coef=0 (config.algo.track_kl=True still logs KL to the reference).",
   )
-  _check(
-    a.truncation in (None, "terminal", "bootstrap", "mask"),
-    f"config.algo.truncation={a.truncation!r}; use 'bootstrap', 'mask' or 'terminal'.",
-  )
-  _check(
-    cfg.truncation != "bootstrap" or cfg.uses_critic,
-    f"config.algo.truncation='bootstrap' continues a cut-off completion from the critic's "
-    f"value, and estimator={a.estimator!r} has no critic; use 'gae', or truncation='mask' "
-    "or 'terminal'.",
-  )
-  if a.entropy_target is not None:
-    _check(
-      a.entropy_target > 0 and a.entropy_step > 0 and a.entropy_coef_max >= a.entropy_coef,
-      "config.algo.entropy_target needs entropy_target > 0, entropy_step > 0 and "
-      "entropy_coef_max >= entropy_coef.",
-    )
 
 
 CLIP_KNOBS = ("clip_low", "clip_high", "dual_clip")

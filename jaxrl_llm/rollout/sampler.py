@@ -316,10 +316,7 @@ def generate(
     trim: drop columns of padding in every row (a few widths compile); False keeps the
       width, so one program serves every call of that shape.
   """
-  if params is None:
-    graphdef, params = nnx.split(model)
-  else:
-    graphdef = model
+  graphdef, params = nnx.split(model) if params is None else (model, params)
   _check_arguments(
     prompt_BxP, prompt_mask_BxP, max_new_tokens, num_samples, (temperature, top_k, top_p), mesh
   )

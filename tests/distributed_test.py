@@ -7,12 +7,8 @@ import jax
 import pytest
 
 from jaxrl_llm.train import distributed
-from jaxrl_llm.train.config import (
-  ConfigError,
-  DistributedSection,
-  default_config_dict,
-  from_config_dict,
-)
+from jaxrl_llm.train.config import ConfigError, DistributedSection, default_config_dict
+from jaxrl_llm.train.validate import from_config_dict
 
 CLUSTER_VARS = (
   "SLURM_NTASKS",

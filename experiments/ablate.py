@@ -327,8 +327,8 @@ def report(results: dict, suite: Suite, out: Path) -> Path:
       else ""
     ),
     f"- Seeds: {meta['seeds']}; {suite.steps if not meta['smoke'] else SMOKE['run.steps']} "
-    f"RL steps per run; grid wall time {meta['wall_minutes']:.1f} min ({meta['jobs']} runs at a "
-    "time)"
+    f"RL steps per run; grid wall time {meta['wall_minutes']:.1f} min ({meta['jobs']} "
+    f"{'run' if meta['jobs'] == 1 else 'runs'} at a time)"
     + (
       f", for the {meta['executed']} of {meta['grid']} runs this invocation ran (the others "
       "were done by an earlier, interrupted one)."

@@ -1,4 +1,4 @@
-"""The multi-turn tasks against their baselines, with the curves the README shows.
+"""The multi-turn tasks against their baselines, with the curves docs/multiturn.md shows.
 
   python -m experiments.multiturn [--tasks calculator,guess] [--seeds 2]
 

@@ -1,4 +1,4 @@
-"""The README's planning table: each model shape on each target, compiled by the planner.
+"""The planning table of docs/planning.md: each model shape on each target, compiled by the planner.
 
   python -m experiments.plan_table [--models qwen2.5-0.5b,...] [--targets v5e-8,...]
   python -m experiments.plan_table --table   # the committed rows, as Markdown

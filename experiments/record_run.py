@@ -1,5 +1,6 @@
 """Runs an experiment file from scratch and appends its result, with the machine and the
-commit, to a committed JSONL file; the README's figures for a run come from such a file.
+commit, to a committed JSONL file; the figures the README and docs give for a run come from
+such a file.
 
   python -m experiments.record_run --config experiments/configs/default.py \
       --out experiments/results/default_run.jsonl [--config.<key>=<value> ...]

@@ -1,5 +1,7 @@
-"""The README's Python examples run as written: `import jaxrl_llm` reaches every subpackage,
-and the Python API trains on a task and reward defined in a few lines."""
+"""The README and the docs pages say what the code and the result files say: their Python
+examples run as written, every headline figure is its result file's, every relative link
+and repository path resolves, the configuration reference is the config's own, and the
+README stays a guide (the two commands first, at most 300 lines)."""
 
 import json
 import re
@@ -7,15 +9,38 @@ import subprocess
 import sys
 from pathlib import Path
 
-README = Path(__file__).parents[1] / "README.md"
+REPO = Path(__file__).parents[1]
+README = REPO / "README.md"
+DOCS = REPO / "docs"
 
 
-def _block(name: str) -> str:
-  """The ```python block right after the `<!-- readme_test: name -->` marker."""
+def _text(path: Path) -> str:
+  """The page with its line breaks folded, so a sentence is found wherever it wraps."""
+  return " ".join(path.read_text().split())
+
+
+def _block(path: Path, name: str) -> str:
+  """The ```python block right after the `<!-- readme_test: name -->` marker of `path`."""
   pattern = rf"<!-- readme_test: {name} -->\s*```python\n(.*?)```"
-  match = re.search(pattern, README.read_text(), re.S)
-  assert match, f"README has no block marked readme_test: {name}"
+  match = re.search(pattern, path.read_text(), re.S)
+  assert match, f"{path.name} has no block marked readme_test: {name}"
   return match.group(1)
+
+
+def _last_record(path: str) -> dict:
+  return json.loads((REPO / path).read_text().strip().splitlines()[-1])
+
+
+def test_readme_is_a_guide_with_the_two_commands_first():
+  lines = README.read_text().splitlines()
+  assert len(lines) <= 300, len(lines)
+  fence = lines.index("```bash")
+  commands = lines[fence + 1 : lines.index("```", fence)]
+  assert lines[0] == "# jaxrl_llm" and fence == 2 and len(commands) == 2
+  assert commands[0].endswith("python -m jaxrl_llm.train --config experiments/configs/default.py")
+  assert commands[1].endswith(".venv/bin/python -m pytest -q")
+  run = (REPO / ".ci" / "run").read_text()
+  assert commands[1].split(" && ")[-1].removeprefix(".venv/bin/") in run.replace(".venv/bin/", "")
 
 
 def test_import_reaches_the_subpackages():
@@ -29,14 +54,28 @@ def test_import_reaches_the_subpackages():
   assert out.stdout.split() == ["320", "['core',", "'models',", "'train']"]
 
 
+def test_readme_api_in_brief_trains(capsys):
+  namespace = {}
+  exec(compile(_block(README, "brief"), str(README), "exec"), namespace)  # our own README
+  summary = namespace["summary"]
+  assert summary["steps_run"] == 5 and list(namespace["cfg"].rollout.__dict__)
+  before, after = capsys.readouterr().out.split()[-2:]
+  assert (float(before), float(after)) == (
+    summary["heldout_accuracy_before"],
+    summary["heldout_accuracy_after"],
+  )
+
+
 def test_python_api_example_trains(capsys):
-  """The example runs its 5 steps on the user's task, and the held-out accuracy it prints is
-  the share of the 32 held-out words the trained policy reverses greedily."""
+  """docs/python_api.md's example runs its 5 steps on the user's task, and the held-out
+  accuracy it prints is the share of the 32 held-out words the trained policy reverses
+  greedily."""
   import jax
   import numpy as np
 
+  page = DOCS / "python_api.md"
   namespace = {}
-  exec(compile(_block("api"), str(README), "exec"), namespace)  # our own README, not model text
+  exec(compile(_block(page, "api"), str(page), "exec"), namespace)  # our own docs
   summary, task, cfg = namespace["summary"], namespace["task"], namespace["cfg"]
   assert summary["resumed_from"] is None and summary["steps_run"] == 5
   assert list(task.reward_fns) == ["reversed"]
@@ -54,59 +93,32 @@ def test_python_api_example_trains(capsys):
   assert printed[-3:] == ["accuracy", str(summary["heldout_accuracy_before"]), str(solved)]
 
 
-def test_real_model_slice_table_is_its_committed_results():
-  """The README's SmolLM2 ablation figures are those of the committed results.json."""
-  from experiments.ablate import mean_ci
-  from experiments.lib import claims
-
-  results_path = README.parent / "experiments/results/v2_smollm2/results.json"
-  results = json.loads(results_path.read_text())
-  start = mean_ci(v["before"] for v in results["runs"].values())[0]
-  cells = [f"held-out accuracy (start {start:.3f})"]
-  for method in ("grpo", "dr_grpo", "dapo", "ppo"):
-    mean, half = mean_ci(r["after"] for r in claims.method_runs(results, "smollm2_add2", method))
-    cells.append(f"{mean:.3f} ± {half:.3f}")
-  assert "| " + " | ".join(cells) + " |" in README.read_text()
-  verdicts = {row["name"]: row["verdict"] for row in claims.decide(results, "smollm2_add2")}
-  findings = {line.split(" | ")[0]: line.split(" | ")[3] for line in README.read_text().splitlines()
-              if line.startswith("| ") and line.count(" | ") >= 4}  # fmt: skip
-  assert findings["| claim"] == "SmolLM2 slice"
-  for name, row_start in (
-    ("Dr. GRPO: length bias", "| Dr. GRPO: wrong answers grow longer"),
-    ("PPO with a critic matches or beats GRPO", "| PPO with a critic matches or beats GRPO"),
-  ):
-    assert findings[next(k for k in findings if k.startswith(row_start))] == verdicts[name]
-
-
-def _last_record(path: str) -> dict:
-  return json.loads((README.parent / path).read_text().strip().splitlines()[-1])
-
-
 def test_default_run_figures_are_its_committed_record():
-  """The default run's before/after and time in the README are the newest record's."""
   r = _last_record("experiments/results/default_run.jsonl")
-  text = README.read_text()
   before, after = r["heldout_accuracy_before"], r["heldout_accuracy_after"]
-  assert f"**before={before:.3f} after={after:.3f}**, {r['train_seconds']:.0f} s" in text
+  figure = f"**before={before:.3f} after={after:.3f}**, {r['train_seconds']:.0f} s"
+  assert figure in _text(README) and figure in _text(DOCS / "training.md")
 
 
 def test_lora_run_figures_are_its_committed_record():
   r = _last_record("experiments/results/lora_default_run.jsonl")
   before, after = r["heldout_accuracy_before"], r["heldout_accuracy_after"]
+  seconds = r["train_seconds"]
+  assert f"from {before:.3f} to {after:.3f}, {seconds:.0f} s" in _text(README)
   assert (
     f"takes held-out greedy accuracy from {before:.3f} to {after:.3f} on 512 problems in "
-    f"{r['train_seconds']:.0f} s"
-  ) in " ".join(README.read_text().split())
+    f"{seconds:.0f} s"
+  ) in _text(DOCS / "lora.md")
 
 
 def test_smollm2_recipe_figures_are_its_committed_record():
   r = _last_record("experiments/results/smollm2_arithmetic.jsonl")
-  curve = [json.loads(line) for line in open(README.parent / "experiments/results/" / r["curve"])]
+  curve = [json.loads(line) for line in open(REPO / "experiments/results" / r["curve"])]
   evals = {row["step"]: row["heldout_accuracy"] for row in curve if "heldout_accuracy" in row}
   before, after = r["heldout_accuracy_before"], r["heldout_accuracy_after"]
   assert evals[0] == before and evals[r["steps"]] == after
-  text = " ".join(README.read_text().split())
-  assert f"from {before:.3f} to {after:.3f} held-out accuracy" in text  # the status table
+  assert f"from {before:.3f} to {after:.3f}, {r['wall_seconds']:.0f} s" in _text(README)
+  text = _text(DOCS / "real_model.md")
   assert (
     f"went from **{before:.3f} to {after:.3f}** ({evals[10]:.3f} after 10 steps, "
     f"{evals[20]:.3f} at 20, {evals[30]:.3f} at 30), in {r['wall_seconds']:.0f} s"
@@ -115,10 +127,75 @@ def test_smollm2_recipe_figures_are_its_committed_record():
   assert f"peak resident set of {r['peak_rss_gib']:.1f} GiB" in text
 
 
+def test_benchmark_ratios_are_the_committed_rows():
+  """The README's speed ratios are the min-max over the committed benchmark rows."""
+  from experiments.benchmarks.common import read_results
+
+  def span(name, key, digits, **where):
+    rows = [r for r in read_results(name) if all(r.get(k) == v for k, v in where.items())]
+    values = [r[key] for r in rows if r.get("date", "") >= "2026-12-01"]
+    return f"{min(values):.{digits}f}x-{max(values):.{digits}f}x"
+
+  text = _text(README)
+  assert f"| {span('bench_grpo_step', 'speedup_vs_trl', 2)} faster |" in text
+  sampler = (
+    span("bench_sampler", "speedup_vs_transformers_fastest", 2, dtype="float32"),
+    span("bench_sampler", "speedup_vs_tunix", 2, dtype="float32"),
+  )
+  assert f"| {sampler[0]} and {sampler[1]} faster |" in text
+  assert f"| {span('bench_core', 'gae_speedup', 0)} faster |" in text
+
+
 def test_v2_verdicts_are_those_of_the_committed_results():
-  """The README's table of claims is `python -m experiments.lib.claims` on the committed
-  results.json files, verdicts and numbers."""
+  """The ablation page's table of claims is `python -m experiments.lib.claims` on the
+  committed results.json files, verdicts and numbers."""
   from experiments.lib import claims
 
-  table = "\n".join(claims.committed_table(README.parent))
-  assert table in README.read_text()
+  table = "\n".join(claims.committed_table(REPO))
+  assert table in (DOCS / "ablations.md").read_text()
+
+
+def test_real_model_slice_table_is_its_committed_results():
+  from experiments.ablate import mean_ci
+  from experiments.lib import claims
+
+  results = json.loads((REPO / "experiments/results/v2_smollm2/results.json").read_text())
+  start = mean_ci(v["before"] for v in results["runs"].values())[0]
+  cells = [f"held-out accuracy (start {start:.3f})"]
+  for method in ("grpo", "dr_grpo", "dapo", "ppo"):
+    mean, half = mean_ci(r["after"] for r in claims.method_runs(results, "smollm2_add2", method))
+    cells.append(f"{mean:.3f} ± {half:.3f}")
+  assert "| " + " | ".join(cells) + " |" in (DOCS / "ablations.md").read_text()
+
+
+def test_configuration_reference_is_generated_from_the_config():
+  """docs/reference/configuration.md is what the docs build writes from the dataclasses,
+  and every key has its type, default and a line saying what it is."""
+  sys.path.insert(0, str(DOCS / "_ext"))
+  import config_reference
+
+  page = (DOCS / "reference" / "configuration.md").read_text()
+  assert page.endswith(config_reference.reference_markdown())
+  rows = [line for line in page.splitlines() if line.startswith("| `")]
+  undescribed = [row.split(" | ")[0] for row in rows if row.rstrip().endswith("|  |")]
+  assert not undescribed, undescribed
+
+
+PATH = re.compile(r"`((?:experiments|jaxrl_llm|tests|docs)/[\w./-]+?)`")
+LINK = re.compile(r"(?<!!)\]\((?!https?:|#)([^)\s]+)\)|!\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def test_every_relative_link_and_repository_path_resolves():
+  pages = [README, *sorted(DOCS.glob("*.md")), REPO / "experiments/benchmarks/README.md"]
+  broken = []
+  for page in pages:
+    text = page.read_text()
+    for match in LINK.finditer(text):
+      target = (match.group(1) or match.group(2)).split("#")[0]
+      if target and not (page.parent / target).exists():
+        broken.append(f"{page.relative_to(REPO)}: link {target}")
+    for match in PATH.finditer(text):
+      path = match.group(1).rstrip(".")
+      if "<" not in path and "*" not in path and not (REPO / path).exists():
+        broken.append(f"{page.relative_to(REPO)}: path {path}")
+  assert not broken, broken

@@ -292,7 +292,8 @@ def summary_table(columns: list[tuple[str, dict, str]]) -> list[str]:
 
 
 def committed_table(root) -> list[str]:
-  """The README's table: the committed v2 results (chain, add2) and the SmolLM2 slice's."""
+  """The table of docs/ablations.md: the committed v2 results (chain, add2) and the
+  SmolLM2 slice's."""
   import json
   from pathlib import Path
 
@@ -304,7 +305,7 @@ def committed_table(root) -> list[str]:
   )
 
 
-if __name__ == "__main__":  # python -m experiments.lib.claims: the README's table of verdicts
+if __name__ == "__main__":  # python -m experiments.lib.claims: docs/ablations.md's verdicts
   from pathlib import Path
 
   print("\n".join(committed_table(Path(__file__).resolve().parents[2])))

@@ -146,7 +146,7 @@ SUITES["v2_smollm2"] = Suite(
   "SmolLM2-135M-Instruct with the real-model recipe (experiments/configs/smollm2_arithmetic.py: "
   "chat prompts for 2-digit addition, lr 1e-5, temperature 0.7, 8 prompts x 8 samples), "
   "each run stopped at 16 x 64 sampled completions (the recipe's 40 steps cut to 16 to fit "
-  "4 methods x 3 seeds in a few hours, two runs at a time; held-out accuracy on 128 "
+  "4 methods x 3 seeds in a few hours on 2 cores; held-out accuracy on 128 "
   "questions every 8 steps), with two optimizer steps per rollout (2 minibatches), so that "
   "the clip knobs act. The pretrained model is every method's start (no supervised warm "
   "start).",

@@ -91,18 +91,19 @@ def is_numeric(field: dataclasses.Field) -> bool:
 class ModelSection:
   """`path`: a local Hugging Face directory, or "" for a random-init model of the sizes below."""
 
-  path: str = ""
-  architecture: str = "qwen2"
-  hidden_size: int = at_least(64, 1)
-  intermediate_size: int = at_least(176, 1)
-  num_layers: int = at_least(2, 1)
-  num_heads: int = at_least(4, 1)
-  num_kv_heads: int = at_least(2, 1)
+  path: str = ""  # a local Hugging Face directory; "": a random-init model of the sizes below
+  architecture: str = "qwen2"  # random init: qwen2 or llama
+  hidden_size: int = at_least(64, 1)  # random init: the residual width
+  intermediate_size: int = at_least(176, 1)  # random init: the MLP's hidden width
+  num_layers: int = at_least(2, 1)  # random init: decoder blocks
+  num_heads: int = at_least(4, 1)  # random init: query heads
+  num_kv_heads: int = at_least(2, 1)  # random init: key/value heads (grouped-query attention)
+  # random init: per-head width; None: hidden_size / num_heads
   head_dim: int | None = at_least(None, 1)
-  tie_word_embeddings: bool = True
+  tie_word_embeddings: bool = True  # random init: the unembedding is the embedding
   dtype: str = "float32"  # compute dtype; "bfloat16" keeps float32 master weights
-  param_dtype: str = "float32"
-  # Memory (see the README's "Memory" section). Log-probs and entropies come from the final
+  param_dtype: str = "float32"  # stored params and AdamW moments; keep float32 (bfloat16 with LoRA)
+  # Memory (docs/models.md). Log-probs and entropies come from the final
   # hidden states in chunks of about this many tokens (micro-batch rows x positions), so no
   # pass holds [B, T, V] logits; 0 forms the full logits instead.
   logprob_chunk_tokens: int = at_least(2048, 0)
@@ -121,12 +122,15 @@ class LoraSection:
   `quant_tile` inputs. The reference policy is the base with the adapters off.
   """
 
-  rank: int = at_least(0, 0)
+  rank: int = at_least(0, 0)  # adapter rank; 0: full fine-tuning
+  # the adapters' scale is alpha / rank
   alpha: float = above(16.0, 0, hint="the scale is alpha / rank")
+  # dropout on the adapters' input during updates (not on old log-probs)
   dropout: float = between(0.0, 0, 1, high_open=True)
+  # comma-separated patterns of the projections that get adapters
   targets: str = "q,k,v,o,gate,up,down"
   quantize: str = ""  # "" | int8 | int4 | nf4
-  quant_tile: int = at_least(64, 1)
+  quant_tile: int = at_least(64, 1)  # inputs per quantization scale of the frozen base
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,15 +140,16 @@ class TaskSection:
   test_path), chain (digits; kwargs min_terms, max_terms), or one you registered.
   `kwargs`: a JSON object of the task's own keyword arguments, e.g. '{"max_terms": 4}'."""
 
-  name: str = "arithmetic"
-  kwargs: str = ""
-  digits: int = at_least(2, 1)
-  ops: str = "+"
-  count: int = at_least(4, 2)
-  max_number: int = at_least(50, 1)
-  path: str = ""
-  test_path: str = ""
+  name: str = "arithmetic"  # a task of jaxrl_llm.data.TASKS
+  kwargs: str = ""  # a JSON object of the task's own keyword arguments
+  digits: int = at_least(2, 1)  # arithmetic and chain: digits of each operand
+  ops: str = "+"  # arithmetic: the operators drawn from, e.g. "+-"
+  count: int = at_least(4, 2)  # countdown: how many numbers a problem gives
+  max_number: int = at_least(50, 1)  # countdown: the largest number given
+  path: str = ""  # gsm8k: the local .jsonl or .parquet training file
+  test_path: str = ""  # gsm8k: the held-out file ("": held out from `path`)
   data_dir: str = ""  # set: examples go through TFDS array_record files prepared here
+  # gsm8k without test_path: the share of `path` held out
   test_fraction: float = between(0.2, 0, 1, low_open=True, high_open=True)
   train_examples: int = at_least(4096, 1)  # prompts RL draws from (answers: rewards only)
   prompt_length: int = at_least(8, 1)  # the longest prompt, in tokens
@@ -178,9 +183,11 @@ class RewardsSection:
 
 @dataclasses.dataclass(frozen=True)
 class RolloutSection:
-  prompts_per_step: int = at_least(32, 1)
-  group_size: int = at_least(8, 1)
+  prompts_per_step: int = at_least(32, 1)  # prompts a step samples (divisible by data x fsdp)
+  group_size: int = at_least(8, 1)  # G completions per prompt
+  # a completion's token budget (a turn's, with an environment)
   max_new_tokens: int = at_least(5, 1)
+  # sampling temperature
   temperature: float = above(1.0, 0, hint="RL samples; greedy rollouts give no exploration")
   # Truncated sampling: the trainer takes its ratios against the distribution actually
   # sampled (the sampler's log-probs), so set config.algo.correction with either.
@@ -211,10 +218,11 @@ class EnvSection:
   tokens after the prompt, the model's and the environment's together. `kwargs`: a JSON
   object of the environment's keyword arguments, e.g. '{"turn_cost": 0.05}'."""
 
-  name: str = ""
-  max_turns: int = at_least(4, 1)
+  name: str = ""  # an environment of jaxrl_llm.envs.ENVIRONMENTS; "": single completions
+  max_turns: int = at_least(4, 1)  # model turns per episode at most
+  # an episode's tokens after the prompt, the model's and the environment's
   max_tokens: int = at_least(64, 1)
-  kwargs: str = ""
+  kwargs: str = ""  # a JSON object of the environment's keyword arguments
 
 
 @dataclasses.dataclass(frozen=True)
@@ -227,32 +235,35 @@ class AlgoSection:
   # adv_eps for a group baseline's eps) reach the function when it takes them, and are the
   # only spelling of those knobs: a JSON object that sets one too is refused.
   estimator: str = "grpo"
-  estimator_kwargs: str = ""
-  policy_loss: str = "ppo_clip"
-  policy_loss_kwargs: str = ""
+  estimator_kwargs: str = ""  # a JSON object of the estimator's own keyword arguments
+  policy_loss: str = "ppo_clip"  # a loss of core.POLICY_LOSSES
+  policy_loss_kwargs: str = ""  # a JSON object of the loss's own keyword arguments
   clip_low: float | None = at_least(None, 0)  # None: the loss's own default
-  clip_high: float | None = at_least(None, 0)
+  clip_high: float | None = at_least(None, 0)  # the ratio's upper clip (DAPO's clip-higher: 0.28)
+  # PPO's dual clip: bound -c A on tokens with A < 0 (Ye et al. use 3)
   dual_clip: float | None = above(None, 1, hint="Ye et al. use 3")
-  aggregation: str = "token-mean"
+  aggregation: str = "token-mean"  # a mode of core.AGGREGATION_MODES
   kl_placement: str = "loss"  # "loss" (GRPO), "reward" (PPO-RLHF) or "none"
-  kl_estimator: str = "k3"
-  kl_coef: float = at_least(0.0, 0)
+  kl_estimator: str = "k3"  # k1, abs, k2, k3, k1+ or k3+
+  kl_coef: float = at_least(0.0, 0)  # the KL term's coefficient (its starting value when adaptive)
   kl_mode: str = "fixed"  # or "adaptive" (then kl_target, kl_horizon)
-  kl_target: float | None = above(None, 0)
-  kl_horizon: int | None = at_least(None, 1)
+  kl_target: float | None = above(None, 0)  # adaptive KL: the per-sequence KL aimed at
+  kl_horizon: int | None = at_least(None, 1)  # adaptive KL: the controller's horizon, in sequences
   entropy_coef: float = at_least(0.0, 0)  # the entropy bonus (its starting value when adaptive)
   entropy_target: float | None = above(None, 0)  # set: adapt the coefficient toward this
   entropy_step: float = above(1e-3, 0)  # the adaptive coefficient's change per step
-  entropy_coef_max: float = at_least(0.05, 0)
-  ppo_epochs: int = at_least(1, 1)
+  entropy_coef_max: float = at_least(0.05, 0)  # the adaptive entropy coefficient's ceiling
+  ppo_epochs: int = at_least(1, 1)  # passes over each rollout
+  # optimizer steps per pass (1 with ppo_epochs=1: the ratio is 1)
   num_minibatches: int = at_least(1, 1)
   micro_batches: int = at_least(1, 1)  # gradient accumulation steps per minibatch
-  gamma: float = between(1.0, 0, 1)
-  lam: float = between(0.95, 0, 1)
-  adv_eps: float = at_least(1e-6, 0)
-  critic_lr: float = above(1e-3, 0)
+  gamma: float = between(1.0, 0, 1)  # the discount of GAE and REINFORCE++
+  lam: float = between(0.95, 0, 1)  # GAE's lambda
+  adv_eps: float = at_least(1e-6, 0)  # a group baseline's stabiliser (GRPO's std + eps)
+  critic_lr: float = above(1e-3, 0)  # the critic's peak learning rate
+  # the critic's value clip around its rollout-time values
   cliprange_value: float | None = above(0.2, 0, hint="None: no value clipping")
-  critic_warmup_steps: int = at_least(0, 0)
+  critic_warmup_steps: int = at_least(0, 0)  # steps that train only the critic
   track_kl: bool = False  # keep the reference and log KL to it even when kl_coef is 0
   # Completions cut off at rollout.max_new_tokens: "bootstrap" (GAE continues from the
   # critic's value after the last token), "mask" (left out of the loss, DAPO's overlong
@@ -270,18 +281,20 @@ class AlgoSection:
   correction: str = "none"
   correction_cap: float | None = above(None, 0)  # TIS's truncation C; MIS's band [1/C, C]
   correction_low: float | None = above(None, 0)  # MIS's and IcePop's band
-  correction_high: float | None = above(None, 0)
+  correction_high: float | None = above(None, 0)  # the upper edge of MIS's and IcePop's band
   correction_reduce: str | None = None  # sequence corrections: "product" or "geometric"
 
 
 @dataclasses.dataclass(frozen=True)
 class OptimSection:
+  # the policy's peak learning rate
   learning_rate: float = above(1e-3, 0, hint="a negative rate trains away from the reward")
-  warmup_steps: int = at_least(0, 0)
+  warmup_steps: int = at_least(0, 0)  # linear warm-up steps of both schedules
   schedule: str = "constant"  # or "cosine" (decays to 0 over run.steps)
-  weight_decay: float = at_least(0.0, 0)
-  b1: float = between(0.9, 0, 1, high_open=True)
-  b2: float = between(0.999, 0, 1, high_open=True)
+  weight_decay: float = at_least(0.0, 0)  # AdamW's decoupled weight decay
+  b1: float = between(0.9, 0, 1, high_open=True)  # AdamW's first-moment decay
+  b2: float = between(0.999, 0, 1, high_open=True)  # AdamW's second-moment decay
+  # the global gradient norm an update is clipped to
   grad_clip: float = above(1.0, 0, hint="the largest global gradient norm an update keeps")
   max_consecutive_skips: int = at_least(5, 0)  # non-finite updates in a row before it stops
 
@@ -290,32 +303,32 @@ class OptimSection:
 class WarmstartSection:
   """Supervised warm start on labelled examples before RL (0 steps: none)."""
 
-  steps: int = at_least(0, 0)
-  examples: int = at_least(256, 1)
-  batch_size: int = at_least(64, 1)
-  learning_rate: float = above(3e-3, 0)
+  steps: int = at_least(0, 0)  # supervised steps before RL; 0: none
+  examples: int = at_least(256, 1)  # labelled examples it draws
+  batch_size: int = at_least(64, 1)  # examples per supervised step
+  learning_rate: float = above(3e-3, 0)  # its Adam learning rate
 
 
 @dataclasses.dataclass(frozen=True)
 class MeshSection:
   data: int = at_least(-1, 1, also=(-1,))  # -1: the devices the other axes leave
-  fsdp: int = at_least(1, 1)
-  tensor: int = at_least(1, 1)
+  fsdp: int = at_least(1, 1)  # devices parameters and optimizer state are sharded over
+  tensor: int = at_least(1, 1)  # devices heads and MLP columns are split over
 
 
 @dataclasses.dataclass(frozen=True)
 class RunSection:
-  steps: int = at_least(100, 0)
+  steps: int = at_least(100, 0)  # RL steps at most
   # > 0: stop once this many completions have been sampled (dynamic sampling's extra rounds
   # count), at most run.steps steps; the way to compare methods at equal samples.
   sample_budget: int = at_least(0, 0, hint="0: run.steps alone")
-  seed: int = at_least(0, 0)
-  workdir: str = "runs/default"
-  eval_examples: int = at_least(256, 1)
-  eval_batch_size: int = at_least(256, 1)
+  seed: int = at_least(0, 0)  # the root of every random key
+  workdir: str = "runs/default"  # metrics, TensorBoard files and (by default) checkpoints
+  eval_examples: int = at_least(256, 1)  # held-out problems greedy accuracy is measured on
+  eval_batch_size: int = at_least(256, 1)  # rows per held-out generation
   eval_every: int = at_least(0, 0)  # > 0: held-out greedy accuracy every this many steps
-  tensorboard: bool = True
-  progress: bool = True
+  tensorboard: bool = True  # also write TensorBoard files under <workdir>/tb
+  progress: bool = True  # a progress bar over the steps
   peak_flops_per_device: float | None = above(None, 0)  # MFU's; None: known or measured
 
 
@@ -332,8 +345,8 @@ class CheckpointSection:
   # The newest steps kept; the rest are deleted once a newer one is written.
   keep: int = at_least(3, 2, hint="a damaged newest step falls back to the one before it")
   async_save: bool = True  # write files in the background while training goes on
-  fresh: bool = False
-  directory: str = ""
+  fresh: bool = False  # move existing checkpoints and metrics aside and start over
+  directory: str = ""  # "": <run.workdir>/checkpoints; gs:// works
 
 
 @dataclasses.dataclass(frozen=True)
@@ -343,9 +356,9 @@ class DistributedSection:
   TPU pod slices, SLURM jobs of several tasks and Open MPI launches, and does nothing for
   a lone process. Or give all three, e.g. `10.0.0.1:1234`, 4, and this process's index."""
 
-  coordinator_address: str = ""
-  num_processes: int = at_least(0, 0)
-  process_id: int = at_least(-1, -1)
+  coordinator_address: str = ""  # "host:port" of process 0; "": automatic
+  num_processes: int = at_least(0, 0)  # with coordinator_address: the processes in all
+  process_id: int = at_least(-1, -1)  # with coordinator_address: this process's index
   local_device_ids: tuple = ()  # the devices this process uses (GPU clusters); (): all
 
 

@@ -217,7 +217,7 @@ def _shared_clip_knobs(cfg: TrainConfig) -> None:
       f"config.algo.{key}={getattr(a, key)} is set, but config.algo.policy_loss="
       f"{a.policy_loss!r} does not take {key}, so it would do nothing; unset it"
       + (f" ({a.policy_loss!r} takes {', '.join(takes)})" if takes else "")
-      + ", or choose a loss that takes it (see the policy loss table in the README).",
+      + ", or choose a loss that takes it (see the policy-loss table in docs/algorithms.md).",
     )
 
 

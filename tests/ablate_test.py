@@ -102,7 +102,7 @@ def test_report_has_a_table_per_task_and_plots(tmp_path):
   kinds = ("accuracy", "accuracy_time", "accuracy_samples", "length")
   for name in (f"{task}_{kind}.png" for task in ("t1", "t2") for kind in kinds):
     assert (out / name).stat().st_size > 1000 and f"({name})" in text
-  assert "grid wall time 1.0 min (1 runs at a time)." in text
+  assert "grid wall time 1.0 min (1 run at a time)." in text
   meta |= {"executed": 1, "grid": 8}  # an invocation that finished an interrupted grid
   text = ablate.report({"meta": meta, "runs": runs}, suite, out).read_text()
   assert "1.0 min (1 runs at a time), for the 1 of 8 runs this invocation ran" in text

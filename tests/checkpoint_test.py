@@ -111,6 +111,7 @@ def test_corrupt_latest_checkpoint_falls_back_to_previous(reference, tmp_path, d
   assert [p.name.split("-")[0] for p in aside] == [str(2 * N)]  # kept, not deleted
 
 
+@pytest.mark.slow  # a second mesh's programs compiled from scratch
 def test_restore_onto_another_mesh_shape(tmp_path):
   cfg8 = small_config(tmp_path, **{"mesh.data": 4, "mesh.fsdp": 2, "checkpoint.every": 1})
   saved8 = params(train(cfg8))

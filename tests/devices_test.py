@@ -10,7 +10,7 @@ import pytest
 from helpers import run_cli
 
 
-@pytest.mark.parametrize("devices", [2, 8])
+@pytest.mark.parametrize("devices", [2, pytest.param(8, marks=pytest.mark.slow)])
 def test_main_command_runs_on_several_devices(tmp_path, devices):
   """A short warm start, then 3 GRPO steps, on a data-parallel mesh of every device."""
   workdir = tmp_path / "run"

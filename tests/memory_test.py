@@ -210,6 +210,7 @@ def test_bad_memory_keys_name_the_key(tmp_path):
     small_config(tmp_path, **{"model.attention_chunk": -2})
 
 
+@pytest.mark.slow  # three runs of the trainer
 def test_a_scanned_run_checkpoints_resumes_and_exports(tmp_path):
   """Orbax checkpoints hold the stacked layout as it is; a resumed run continues from them,
   and the export writes the per-layer Hugging Face tensors."""

@@ -183,8 +183,9 @@ def test_shared_prompt_forward_equals_one_prompt_per_row():
     hidden = completion_hidden(m.decoder, prompt, prompt_mask, tokens, mask, group)
     return jnp.sum(jnp.where(mask[..., None], jnp.sin(hidden), 0.0)), hidden
 
-  (l_row, h_row), g_row = jax.value_and_grad(loss, has_aux=True)(params, 1)
-  (l_grp, h_grp), g_grp = jax.value_and_grad(loss, has_aux=True)(params, G)
+  forward = jax.jit(jax.value_and_grad(loss, has_aux=True), static_argnums=1)
+  (l_row, h_row), g_row = forward(params, 1)
+  (l_grp, h_grp), g_grp = forward(params, G)
   assert h_grp.shape == (prompt.shape[0], N, model.cfg.hidden_size)
   valid = np.asarray(mask)
   np.testing.assert_allclose(np.asarray(h_grp)[valid], np.asarray(h_row)[valid], atol=1e-5)

@@ -64,7 +64,11 @@ ASYNC = {
 }
 
 
-@pytest.mark.parametrize("lora", [{}, {"lora.rank": 4, "lora.alpha": 8.0}], ids=["full", "lora"])
+@pytest.mark.parametrize(
+  "lora",
+  [{}, pytest.param({"lora.rank": 4, "lora.alpha": 8.0}, marks=pytest.mark.slow)],
+  ids=["full", "lora"],
+)
 def test_async_on_4_plus_4_devices_equals_sync_off_policy_on_4(tmp_path, lora):
   """The sampler's own mesh and params copy change where rollouts run, not what they are:
   the same key gives the same samples on any mesh, so the run is the synchronous

@@ -105,7 +105,7 @@ def test_report_has_a_table_per_task_and_plots(tmp_path):
   assert "grid wall time 1.0 min (1 run at a time)." in text
   meta |= {"executed": 1, "grid": 8}  # an invocation that finished an interrupted grid
   text = ablate.report({"meta": meta, "runs": runs}, suite, out).read_text()
-  assert "1.0 min (1 runs at a time), for the 1 of 8 runs this invocation ran" in text
+  assert "1.0 min (1 run at a time), for the 1 of 8 runs this invocation ran" in text
 
 
 def test_collect_run_records_the_dynamics_the_claims_need(tmp_path):

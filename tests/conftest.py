@@ -13,11 +13,18 @@ import jax  # noqa: E402
 CACHE = os.environ.setdefault(
   "JAX_COMPILATION_CACHE_DIR", os.path.join(tempfile.gettempdir(), "jaxrl_llm_test_cache")
 )
-os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+# Programs that compile in under a second are not written: the suite's eager ops compile
+# thousands of them, each cached in memory by its process anyway, and writing them all cost
+# more than it saved on a cold cache. The trainer's programs, which the CLI runs reuse, take
+# longer and are written.
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "1")
 jax.config.update("jax_num_cpu_devices", 8)
 jax.config.update("jax_platforms", "cpu")
 jax.config.update("jax_compilation_cache_dir", CACHE)
-jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+jax.config.update(
+  "jax_persistent_cache_min_compile_time_secs",
+  float(os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]),
+)
 
 import pytest  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402

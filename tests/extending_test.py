@@ -80,6 +80,7 @@ def test_loss_doc_values_and_command_line(clean_registries, tmp_path):
   del namespace
 
 
+@pytest.mark.slow  # a trainer run per estimator of the page
 def test_token_estimator_doc(clean_registries):
   namespace = _run_block(1)
   assert 0 <= namespace["summary"]["heldout_accuracy_after"] <= 1
@@ -114,6 +115,7 @@ def test_register_refuses_to_overwrite():
     core.register(core.POLICY_LOSSES, "ppo_clip")(lambda *a, **k: None)
 
 
+@pytest.mark.slow  # a multi-turn warm start and RL run
 def test_environment_doc_runs():
   """The user-written environment with a tool: a run of it trains."""
   from jaxrl_llm.envs import ENVIRONMENTS

@@ -155,7 +155,7 @@ def _compile(name, fn, args, log):
 def compile_run(cfg: TrainConfig, target: Target, devices, model_cfg, *, only=PROGRAMS, log=print):
   """Compiles the chosen programs of `cfg` for `devices`: the Run and one report row each."""
   mesh = run_mesh(cfg, devices, target.num_slices)
-  check_devices(cfg, mesh.size)
+  check_devices(cfg, mesh.size, prompt_stream=False)  # programs place rows, not prompts
   run = abstract_run(cfg, mesh, model_cfg)
   resident = device_bytes(run.state)
   rows, carry_shardings = [], None
@@ -236,7 +236,7 @@ def knobs(cfg: TrainConfig, program: str, num_devices: int) -> list[tuple[str, T
   for name, changed in out:
     try:
       validate(changed)
-      check_devices(changed, num_devices)
+      check_devices(changed, num_devices, prompt_stream=False)
     except ConfigError:
       continue
     valid.append((name, changed))

@@ -429,9 +429,11 @@ def _lora(cfg: TrainConfig) -> None:
   )
 
 
-def check_devices(cfg: TrainConfig, num_devices: int) -> None:
+def check_devices(cfg: TrainConfig, num_devices: int, *, prompt_stream: bool = True) -> None:
   """Raises ConfigError for a mesh that does not fit `num_devices`, or a batch, minibatch,
-  micro-batch or step's prompts that do not split over its data x fsdp devices."""
+  micro-batch or (with `prompt_stream`, as the trainer reads one) a step's prompts that do
+  not split over its data x fsdp devices. The planner compiles programs that place rows,
+  not a prompt stream, and leaves the last rule out."""
   a = cfg.algo
   minibatch = cfg.batch_size // a.num_minibatches
   m = cfg.mesh
@@ -455,7 +457,7 @@ def check_devices(cfg: TrainConfig, num_devices: int) -> None:
       "config.algo.micro_batches, or the mesh.",
     )
   _check(
-    cfg.rollout.prompts_per_step % shards == 0,
+    not prompt_stream or cfg.rollout.prompts_per_step % shards == 0,
     f"config.rollout.prompts_per_step={cfg.rollout.prompts_per_step} does not split over "
     f"mesh data x fsdp = {shards} devices (each takes its share of a step's prompts); "
     "make it a multiple, or change the mesh.",

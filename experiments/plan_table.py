@@ -5,6 +5,7 @@
   python -m experiments.plan_table --finetune full,lora,qlora --models qwen2.5-7b,llama-3.1-8b \
       --targets v5e-8,h100x1                  # LoRA and QLoRA against full fine-tuning
   python -m experiments.plan_table --table lora
+  python -m experiments.plan_table --out DIR ...  # rows into another results folder
 
 Workload: experiments/configs/plan_grpo.py (GRPO with a reference model, 16 x 16 completions,
 512 + 2048 tokens, bf16 compute over float32 master weights, scanned layers, chunked
@@ -147,8 +148,9 @@ def table(rows: list[dict], lora: bool = False) -> str:
     "| train state per chip | peak per chip | "
     + ("update's peak | " if lora else "")
     + "HBM per chip | fits "
-    "| est. iteration (compute-bound) | MFU at that time |",
-    "|---|---|" + ("---|---|" if lora else "") + "---|---|---|---|---|---|---|---|---|---|",
+    "| est. iteration (compute-bound) | MFU at that time "
+    "| decode step / its roofline | decode tokens/s per chip |",
+    "|---|---|" + ("---|---|" if lora else "") + "---|---|---|---|---|---|---|---|---|---|---|---|",
   ]
   targets = list(dict.fromkeys([*TARGETS, *(r["target"] for r in rows)]))
   for model in MODELS:
@@ -172,6 +174,12 @@ def _row(r: dict, finetune: str | None) -> str:
     peak = "refused" + (f": {need.group(1)} G of temporaries" if need else "")
   est = f"{it['estimate_s']:.0f} s ({it['compute_bound_s']:.0f} s)" if it else "-"
   mfu = f"{100 * it['mfu']:.0f}%" if it else "-"
+  decode = it.get("decode")
+  decode_cells = (
+    f"{decode['step_over_roofline']:.2f}x | {decode['tokens_per_s_per_chip']:,.0f}"
+    if decode
+    else "- | -"
+  )
   update = ""
   if finetune:  # the training step's own peak: LoRA's memory saving is there
     peak_of = {p["program"]: p.get("peak_bytes") for p in r["programs"]}
@@ -181,7 +189,8 @@ def _row(r: dict, finetune: str | None) -> str:
     + (f"{finetune} | " if finetune else "")
     + f"{mesh} | {r['micro_batch_rows']} | {r['remat']} "
     f"| {r.get('logprob_chunk_tokens', CHUNK)} | {state / GiB:.1f} GiB | {peak} | {update}"
-    f"{r['chip_hbm_bytes'] / GiB:.0f} GiB | {'yes' if r['fits'] else 'no'} | {est} | {mfu} |"
+    f"{r['chip_hbm_bytes'] / GiB:.0f} GiB | {'yes' if r['fits'] else 'no'} | {est} | {mfu} "
+    f"| {decode_cells} |"
   )
 
 
@@ -193,11 +202,13 @@ def main():
   parser.add_argument(
     "--table", nargs="?", const="full", choices=["full", "lora"], help="print committed rows"
   )
+  parser.add_argument("--out", default=str(OUT), help="the results folder")
   args = parser.parse_args()
-  OUT.mkdir(parents=True, exist_ok=True)
+  out = Path(args.out)
+  out.mkdir(parents=True, exist_ok=True)
   if args.table:
     name = "table.jsonl" if args.table == "full" else "lora_table.jsonl"
-    rows = [json.loads(line) for line in (OUT / name).read_text().splitlines()]
+    rows = [json.loads(line) for line in (out / name).read_text().splitlines()]
     print(table(rows, lora=args.table == "lora"))
     return
   finetunes = args.finetune.split(",")
@@ -207,8 +218,8 @@ def main():
       for finetune in finetunes:
         report = plan_row(model, target, finetune)
         suffix = f"_{finetune}" if lora else ""
-        (OUT / f"{model}_{target}{suffix}.json").write_text(json.dumps(report, indent=2))
-        with open(OUT / ("lora_table.jsonl" if lora else "table.jsonl"), "a") as f:
+        (out / f"{model}_{target}{suffix}.json").write_text(json.dumps(report, indent=2))
+        with open(out / ("lora_table.jsonl" if lora else "table.jsonl"), "a") as f:
           summary = {k: v for k, v in report.items() if k != "programs"}
           summary["programs"] = [
             {k: p.get(k) for k in ("program", "peak_bytes", "fits", "roofline_s", "error")}

@@ -27,6 +27,7 @@ from jaxrl_llm import core
 from jaxrl_llm import export as export_lib
 from jaxrl_llm.models import load_model
 from jaxrl_llm.models import lora as lora_lib
+from jaxrl_llm.models.sharding import make_mesh, shard_params
 from jaxrl_llm.rollout import generate
 from jaxrl_llm.train import ConfigError, from_config_dict, train
 from jaxrl_llm.train import step as step_lib
@@ -109,11 +110,17 @@ def test_quantized_base_stores_low_bit_weights_close_to_the_float_ones(qtype):
   assert np.all(np.isfinite(logits)) and not np.array_equal(logits, expected)
 
 
+@pytest.mark.parametrize("tensor", [None, 2])  # one device; FSDP x 8 decoded with tensor 2
 @pytest.mark.parametrize("quantize", [None, "nf4"])
-def test_sampled_logprobs_equal_teacher_forced_with_adapters(quantize):
+def test_sampled_logprobs_equal_teacher_forced_with_adapters(quantize, tensor):
   model = _adapted(quantize=quantize)
   prompt, prompt_mask = TOKENS[:, :5], MASK[:, :5]
-  out = generate(model, prompt, prompt_mask, jax.random.key(3), max_new_tokens=8, num_samples=2)
+  kw = dict(max_new_tokens=8, num_samples=2)
+  if tensor:  # the adapters (and the quantized base) in the decode layout
+    mesh = make_mesh(data=1, fsdp=8, tensor=1)
+    graphdef, params = nnx.split(model)
+    kw |= dict(params=shard_params(params, mesh), mesh=mesh, tensor=tensor)
+  out = generate(graphdef if tensor else model, prompt, prompt_mask, jax.random.key(3), **kw)
   seq = jnp.concatenate([jnp.repeat(prompt, 2, 0), out.tokens_BxN], axis=1)
   seq_mask = jnp.concatenate([jnp.repeat(prompt_mask, 2, 0), out.mask_BxN], axis=1)
   logits, _ = model(seq, mask_BxL=seq_mask)

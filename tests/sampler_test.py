@@ -197,7 +197,7 @@ def test_bad_arguments(model):
     generate(model, prompt, prompt_mask[:, :3], jax.random.key(0), max_new_tokens=2)
   with pytest.raises(ValueError, match="top_p"):
     generate(model, prompt, prompt_mask, jax.random.key(0), max_new_tokens=2, top_p=1.5)
-  with pytest.raises(ValueError, match="must divide over the mesh"):
+  with pytest.raises(ValueError, match="must divide over the decode mesh"):
     generate(
       model, prompt, prompt_mask, jax.random.key(0), max_new_tokens=2, mesh=make_mesh(data=8)
     )

@@ -19,7 +19,14 @@ The roofline fraction compares the bytes a decode step must read (params plus th
 cache) per step time with the bandwidth of a streaming read measured in the same run. To
 show where a decode step's time goes, it also measures how fast a chain of decode-shaped
 matmuls reads its weights when they are runtime arguments (as in decoding) and when they
-are compile-time constants. Appends the figures to results/bench_sampler.jsonl.
+are compile-time constants.
+
+A second workload has GRPO's shape: 2 prompts of up to 512 tokens x 8 samples each, 128 new
+tokens. It runs the sampler as it is (each group attends to one copy of its prompt's keys
+and values) and with `shared_prompt_kv=False` (the prompt's KV repeated into every row, the
+layout before), with their KV bytes, and `transformers.generate(num_return_sequences=8)`
+with each cache. `--torch-device cuda` runs the transformers peer on a GPU. Appends the
+figures to results/bench_sampler.jsonl.
 """
 
 import argparse
@@ -135,13 +142,18 @@ TRANSFORMERS_CACHES = {
 }
 
 
-def bench_transformers(model_dir, dtype, prompt, mask, repeats) -> dict:
+def bench_transformers(
+  model_dir, dtype, prompt, mask, repeats, num_return_sequences=1, device="cpu"
+) -> dict:
   """tokens/s of `transformers.generate` with each cache setting (or the error it raised)."""
   import torch
   import transformers
 
-  ids, attn = torch.from_numpy(np.array(prompt)).long(), torch.from_numpy(np.array(mask))
+  ids = torch.from_numpy(np.array(prompt)).long().to(device)
+  attn = torch.from_numpy(np.array(mask)).to(device)
+  rows, width = ids.shape[0] * num_return_sequences, ids.shape[1]
   common = dict(
+    num_return_sequences=num_return_sequences,
     attention_mask=attn,
     do_sample=True,
     temperature=1.0,
@@ -154,7 +166,8 @@ def bench_transformers(model_dir, dtype, prompt, mask, repeats) -> dict:
   out = {}
   for label, setting in TRANSFORMERS_CACHES.items():
     torch_dtype = torch.float32 if dtype == jnp.float32 else torch.bfloat16
-    hf = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype).eval()
+    hf = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype)
+    hf = hf.to(device).eval()
     kwargs = dict(common)
     if "cache_implementation" in setting:
       kwargs["cache_implementation"] = setting["cache_implementation"]
@@ -174,8 +187,8 @@ def bench_transformers(model_dir, dtype, prompt, mask, repeats) -> dict:
         start = time.perf_counter()
         tokens = run()
         times.append(time.perf_counter() - start)
-      assert tokens.shape == (B, P + N)
-      out[label] = {"tokens_per_s": B * N / float(np.median(times)), "first_call_s": first}
+      assert tokens.shape == (rows, width + N)
+      out[label] = {"tokens_per_s": rows * N / float(np.median(times)), "first_call_s": first}
     except Exception as e:  # noqa: BLE001 - a setting CPU cannot run is a result too
       out[label] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
   info = f"transformers {transformers.__version__}, torch {torch.__version__}, "
@@ -198,6 +211,7 @@ def main(argv=None):
   parser.add_argument("--repeats", type=int, default=3)
   parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
   parser.add_argument("--tunix-python", default=None, help="python of the tunix environment")
+  parser.add_argument("--torch-device", default="cpu", help="where transformers runs (cuda)")
   args = parser.parse_args(argv)
   cfg = model_config(jnp.dtype(args.dtype))
   model = CausalLM(cfg, rngs=nnx.Rngs(0))
@@ -262,7 +276,9 @@ def main(argv=None):
   with tempfile.TemporaryDirectory() as model_dir:
     save_model(model, model_dir)
     if importlib.util.find_spec("torch") and importlib.util.find_spec("transformers"):
-      hf = bench_transformers(model_dir, cfg.dtype, prompt, mask, args.repeats)
+      hf = bench_transformers(
+        model_dir, cfg.dtype, prompt, mask, args.repeats, device=args.torch_device
+      )
       results["transformers"] = hf
       print(f"transformers ({hf['versions']}):")
       for label in TRANSFORMERS_CACHES:
@@ -282,7 +298,79 @@ def main(argv=None):
         f"{tunix['peer']}: {tunix['tokens_per_s']:8.0f} tokens/s -> jaxrl_llm is "
         f"{tok_s / tunix['tokens_per_s']:.2f}x faster"
       )
+  results["groups"] = bench_groups(model, cfg, args)
   print(f"wrote {write_results('bench_sampler', results)}")
+
+
+GROUP_PROMPTS, GROUP, GROUP_P = 2, 8, 512  # 2 prompts of up to 512 tokens x 8 samples
+
+
+def kv_bytes(cfg, prompts, group, P, N, shared: bool) -> int:
+  """KV-cache bytes of a rollout: one copy of each prompt per group plus each row's own
+  slots (shared), or P + N slots per row (the prompt repeated)."""
+  slots = prompts * P + prompts * group * N if shared else prompts * group * (P + N)
+  itemsize = jnp.dtype(cfg.dtype).itemsize
+  return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * slots * itemsize
+
+
+def bench_groups(model, cfg, args) -> dict:
+  """GRPO's shape: few long prompts, many samples each. The sampler with each group sharing
+  one copy of its prompt's KV against the same sampler with the prompt repeated per row (the
+  layout before the shared cache), and `transformers.generate(num_return_sequences=G)`."""
+  rng = np.random.default_rng(1)
+  prompt = jnp.asarray(rng.integers(0, cfg.vocab_size, (GROUP_PROMPTS, GROUP_P)), jnp.int32)
+  lengths = rng.integers(GROUP_P // 2, GROUP_P + 1, GROUP_PROMPTS)
+  mask = jnp.asarray(np.arange(GROUP_P)[None, :] >= GROUP_P - lengths[:, None])
+  graphdef, params = nnx.split(model)
+  rows = GROUP_PROMPTS * GROUP
+  out = {"prompts": GROUP_PROMPTS, "group": GROUP, "prompt_tokens": GROUP_P, "new_tokens": N}
+  print(
+    f"groups: {GROUP_PROMPTS} prompts of {GROUP_P} tokens (real lengths {lengths.tolist()}) x "
+    f"{GROUP} samples, {N} new tokens"
+  )
+  for label, shared in (("shared prompt KV", True), ("prompt KV repeated per row", False)):
+
+    def run(shared=shared):
+      return generate(
+        graphdef,
+        prompt,
+        mask,
+        jax.random.key(0),
+        params=params,
+        max_new_tokens=N,
+        num_samples=GROUP,
+        temperature=1.0,
+        shared_prompt_kv=shared,
+        trim=False,
+      )
+
+    seconds = time_fn(run, repeats=args.repeats)
+    kv = kv_bytes(cfg, GROUP_PROMPTS, GROUP, GROUP_P, N, shared)
+    out[label] = {"tokens_per_s": rows * N / seconds, "seconds": seconds, "kv_bytes": kv}
+    print(f"  jaxrl_llm, {label}: {rows * N / seconds:8.0f} tokens/s, KV {kv / 2**20:.0f} MiB")
+  new, old = out["shared prompt KV"], out["prompt KV repeated per row"]
+  out["speedup_shared_vs_repeated"] = new["tokens_per_s"] / old["tokens_per_s"]
+  if importlib.util.find_spec("torch") and importlib.util.find_spec("transformers"):
+    with tempfile.TemporaryDirectory() as model_dir:
+      save_model(model, model_dir)
+      hf = bench_transformers(
+        model_dir,
+        cfg.dtype,
+        prompt,
+        mask,
+        args.repeats,
+        num_return_sequences=GROUP,
+        device=args.torch_device,
+      )
+    out["transformers"] = hf
+    working = [hf[k]["tokens_per_s"] for k in TRANSFORMERS_CACHES if "error" not in hf[k]]
+    for label in TRANSFORMERS_CACHES:
+      r = hf[label]
+      print(f"  transformers, {label}: " + (r.get("error") or f"{r['tokens_per_s']:8.0f} tokens/s"))
+    if working:
+      out["speedup_vs_transformers_fastest"] = new["tokens_per_s"] / max(working)
+  print(f"  shared / repeated: {out['speedup_shared_vs_repeated']:.2f}x")
+  return out
 
 
 if __name__ == "__main__":

@@ -124,6 +124,11 @@ def rows_over(mesh: Mesh | None):
     _ROWS_MESH.reset(token)
 
 
+def current_rows_mesh() -> Mesh | None:
+  """The mesh set by the enclosing `rows_over` (None outside one)."""
+  return _ROWS_MESH.get()
+
+
 def split_rows(x):
   """`x` constrained to split its leading (row) axis over the batch axes of the mesh set by
   `rows_over` (unchanged without one, or when the rows do not divide). The decoder applies it

@@ -50,10 +50,16 @@ def _zeros(shape, dtype, axes):
 
 class LayerCache(NamedTuple):
   """One layer's keys and values, kv-head-major. Keys are stored transposed (slots last), so
-  that a decode step's scores q @ k are a plain matmul over the cache as it lies in memory."""
+  that a decode step's scores q @ k are a plain matmul over the cache as it lies in memory.
+
+  With a shared prompt (`share_prompt`), `prompt_k`/`prompt_v` hold one copy of each prompt's
+  keys and values, `[B/G, K, H, P]` and `[B/G, K, P, H]`, which its G rows all attend to;
+  the slots `k_BxKxHxS`/`v_BxKxSxH` then hold the rows' own tokens only."""
 
   k_BxKxHxS: jax.Array
   v_BxKxSxH: jax.Array
+  prompt_k: jax.Array | None = None
+  prompt_v: jax.Array | None = None
 
 
 class KVCache(NamedTuple):
@@ -67,11 +73,48 @@ class KVCache(NamedTuple):
   layers: tuple[LayerCache, ...] | LayerCache
   mask_BxS: jax.Array
   index: jax.Array
+  prompt_mask_BxP: jax.Array | None = None  # with a shared prompt: its real tokens, [B/G, P]
 
   def map_rows(self, fn):
     """The cache with `fn` (an op on a batch-major array) applied to every array's rows."""
     per_layer = jax.vmap(fn) if isinstance(self.layers, LayerCache) else fn
     return self._replace(layers=jax.tree.map(per_layer, self.layers), mask_BxS=fn(self.mask_BxS))
+
+
+def _with_prompt_of(layers, shared):
+  """`layers` with the prompt parts of `shared` (same structure) attached."""
+  attach = lambda c, s: c._replace(prompt_k=s.prompt_k, prompt_v=s.prompt_v)
+  if isinstance(layers, LayerCache):
+    return attach(layers, shared)
+  return tuple(attach(c, s) for c, s in zip(layers, shared, strict=True))
+
+
+def share_prompt(prompt_cache: KVCache, group_size: int, max_new_tokens: int) -> KVCache:
+  """A cache for `group_size` rows per row of `prompt_cache` (a prefilled prompt, one row per
+  prompt), in which the G rows of a prompt attend to its one copy of the prompt's keys and
+  values plus `max_new_tokens` slots of their own. Equal, up to float rounding, to repeating
+  the prompt's rows G times, at (G - 1)/G less of the prompt's KV memory."""
+  rows = prompt_cache.mask_BxS.shape[0] * group_size
+  stacked = isinstance(prompt_cache.layers, LayerCache)
+
+  def own(c):  # the completion slots of one layer's (or the stacked layers') cache
+    lead = c.k_BxKxHxS.shape[:-4] if stacked else ()
+    K, H = c.k_BxKxHxS.shape[-3], c.k_BxKxHxS.shape[-2]
+    dtype = c.k_BxKxHxS.dtype
+    return LayerCache(
+      jnp.zeros((*lead, rows, K, H, max_new_tokens), dtype),
+      jnp.zeros((*lead, rows, K, max_new_tokens, H), dtype),
+      prompt_k=c.k_BxKxHxS,
+      prompt_v=c.v_BxKxSxH,
+    )
+
+  layers = own(prompt_cache.layers) if stacked else tuple(map(own, prompt_cache.layers))
+  return KVCache(
+    layers,
+    jnp.zeros((rows, max_new_tokens), bool),
+    jnp.zeros((), jnp.int32),
+    prompt_mask_BxP=prompt_cache.mask_BxS,
+  )
 
 
 def init_cache(cfg: ModelConfig, batch_size: int, max_len: int, dtype=None) -> KVCache:
@@ -144,6 +187,7 @@ class Visibility(NamedTuple):
 
   q_slot_L: jax.Array
   key_valid_BxS: jax.Array
+  prompt_valid_BxP: jax.Array | None = None  # a shared prompt's real tokens (all earlier)
 
   def mask(self, q_slot_C):
     """`[B, C, S]`: whether each of the queries at slots `q_slot_C` sees each key slot."""
@@ -218,13 +262,29 @@ class Attention(nnx.Module):
       scores_eq = "bkglh,bkhs->bkgls"
     K, G, H = cfg.num_kv_heads, cfg.num_heads // cfg.num_kv_heads, cfg.head_dim
     q_BxKxGxLxH = q_BxLxNxH.reshape(B, L, K, G, H).transpose(0, 2, 3, 1, 4)
+    shared = cache is not None and cache.prompt_k is not None
 
     def attend(q_BxKxGxCxH, q_slot_C):
       scores = _contract(scores_eq, q_BxKxGxCxH, keys)
       visible_BxCxS = visible.mask(q_slot_C)
       scores = jnp.where(visible_BxCxS[:, None, None], scores * H**-0.5, _MASKED)
-      probs = jax.nn.softmax(scores, axis=-1).astype(dt)
-      return _contract("bkgls,bksh->bkglh", probs, v_BxKxSxH).astype(dt)
+      if not shared:
+        probs = jax.nn.softmax(scores, axis=-1).astype(dt)
+        return _contract("bkgls,bksh->bkglh", probs, v_BxKxSxH).astype(dt)
+      # The prompt's slots come first, as in an unshared cache: one softmax over both parts.
+      Bp = cache.prompt_k.shape[0]
+      prompt_scores = _shared_prompt(
+        lambda q: _contract("bkglh,bkhs->bkgls", q, cache.prompt_k), q_BxKxGxCxH, Bp
+      )
+      prompt_scores = jnp.where(
+        _rows_of(visible.prompt_valid_BxP, B)[:, None, None, None], prompt_scores * H**-0.5, _MASKED
+      )
+      P = prompt_scores.shape[-1]
+      probs = jax.nn.softmax(jnp.concatenate([prompt_scores, scores], -1), axis=-1).astype(dt)
+      from_prompt = _shared_prompt(
+        lambda p: _contract("bkgls,bksh->bkglh", p, cache.prompt_v), probs[..., :P], Bp
+      )
+      return (from_prompt + _contract("bkgls,bksh->bkglh", probs[..., P:], v_BxKxSxH)).astype(dt)
 
     chunk = cfg.attention_chunk
     if chunk and L > chunk:
@@ -241,6 +301,23 @@ class Attention(nnx.Module):
     if cfg.o_bias:
       y = y + self.o_bias_D[...].astype(dt)
     return y, new_cache
+
+
+def _shared_prompt(fn, x_BxKxQx, prompt_rows: int):
+  """`fn`, a contraction with a shared prompt's `[B/G, K, ...]` keys or values, applied to `x`
+  of B rows: the G rows of each prompt are folded into its query-head axis, so each prompt's
+  keys and values are read once for its whole group."""
+  B, K, Q, *rest = x_BxKxQx.shape
+  G = B // prompt_rows
+  folded = x_BxKxQx.reshape(prompt_rows, G, K, Q, *rest).swapaxes(1, 2)
+  y = fn(folded.reshape(prompt_rows, K, G * Q, *rest))
+  y = y.reshape(prompt_rows, K, G, Q, *y.shape[3:]).swapaxes(1, 2)
+  return y.reshape(B, K, Q, *y.shape[4:])
+
+
+def _rows_of(prompt_BpxP, rows):
+  """A per-prompt array's rows repeated for the `rows // Bp` rows of each prompt."""
+  return jnp.repeat(prompt_BpxP, rows // prompt_BpxP.shape[0], axis=0)
 
 
 def _contract(equation, a, b):
@@ -385,9 +462,13 @@ class Decoder(nnx.Module):
       x, _ = self._blocks(x, rope, Visibility(jnp.arange(L), mask_BxL))
       return self.norm(x), None
     key_valid_BxS = jax.lax.dynamic_update_slice(cache.mask_BxS, mask_BxL, (0, cache.index))
-    visible = Visibility(cache.index + jnp.arange(L), key_valid_BxS)
+    visible = Visibility(cache.index + jnp.arange(L), key_valid_BxS, cache.prompt_mask_BxP)
     x, layers = self._blocks(x, rope, visible, cache.layers, cache.index)
-    new_cache = KVCache(layers, key_valid_BxS, cache.index + tokens_BxL.shape[1])
+    if cache.prompt_mask_BxP is not None:  # the prompt's parts pass through unchanged
+      layers = _with_prompt_of(layers, cache.layers)
+    new_cache = cache._replace(
+      layers=layers, mask_BxS=key_valid_BxS, index=cache.index + tokens_BxL.shape[1]
+    )
     return self.norm(x), new_cache
 
   def _blocks(self, x_BxLxD, rope: Rope, visible: Visibility, layer_caches=None, index=None):
@@ -433,9 +514,10 @@ def completion_hidden(
 
   With `group_size` G > 1 the rows come in groups of G consecutive rows that share one prompt
   (as `rollout.generate` returns them). Each prompt then runs once: its keys and values are
-  computed on B/G rows, repeated for the group, and the completions attend to them as to a KV
-  cache. The result equals the G = 1 pass up to float rounding while the prompt's share of
-  the FLOPs drops by (G-1)/G; gradients reach the shared prompt through the repeat.
+  computed on B/G rows, and the group's completions attend to that one copy as to a shared
+  KV cache (`share_prompt`). The result equals the G = 1 pass up to float rounding, while the
+  prompt's share of the FLOPs and of the keys' and values' memory drops by (G-1)/G; gradients
+  reach the shared prompt through the group's attention to it.
   """
   P = prompt_BxP.shape[1]
   B, N = tokens_BxN.shape
@@ -449,12 +531,12 @@ def completion_hidden(
   G = group_size
   positions_BxL = positions_from_mask(seq_mask_BxL)
   first = lambda x: x.reshape(B // G, G, *x.shape[1:])[:, 0]
-  cache = init_cache(decoder.cfg, B // G, P + N)
+  cache = init_cache(decoder.cfg, B // G, P)
   prompt_hidden, cache = decoder(
     first(prompt_BxP), first(positions_BxL[:, :P]), first(seq_mask_BxL[:, :P]), cache
   )
   repeat = lambda x: jnp.repeat(x, G, axis=0)
-  cache = cache.map_rows(repeat)
+  cache = share_prompt(cache, G, N)
   hidden_BxNxD, _ = decoder(tokens_BxN, positions_BxL[:, P:], mask_BxN, cache)
   completion = hidden_BxNxD if with_last else hidden_BxNxD[:, :-1]
   return jnp.concatenate([repeat(prompt_hidden[:, -1:]), completion], axis=1)

@@ -156,8 +156,8 @@ def compile_run(cfg: TrainConfig, target: Target, devices, model_cfg, *, only=PR
   """Compiles the chosen programs of `cfg` for `devices`: the Run and one report row each."""
   mesh = run_mesh(cfg, devices, target.num_slices)
   check_devices(cfg, mesh.size, prompt_stream=False)  # programs place rows, not prompts
-  run = abstract_run(cfg, mesh, model_cfg)
-  resident = device_bytes(run.state)
+  run = abstract_run(cfg, mesh, model_cfg, target.chip.hbm_bytes)
+  resident = programs_lib.resident_bytes(run)
   rows, carry_shardings = [], None
   for name in PROGRAMS:
     if name not in only and not (name == "prefill" and "decode_step" in only):
@@ -185,7 +185,13 @@ def iteration(cfg: TrainConfig, run, rows: list[dict], target: Target) -> dict:
   by = {r["program"]: r for r in rows}
   if any("error" in r for r in rows) or set(by) != set(PROGRAMS):
     return {}
-  times = {"prefill": 1, "decode_step": cfg.rollout.max_new_tokens, "experience": 1, "update": 1}
+  waves = run.waves
+  times = {
+    "prefill": waves,
+    "decode_step": waves * cfg.rollout.max_new_tokens,
+    "experience": 1,
+    "update": 1,
+  }
   total = lambda key: sum(by[p][key] * n for p, n in times.items())
   seconds = sum(by[p]["roofline_s"] * n for p, n in times.items())
   # The trainer's own MFU accounting (2n per forward token, 6n per trained token).
@@ -201,6 +207,30 @@ def iteration(cfg: TrainConfig, run, rows: list[dict], target: Target) -> dict:
     "mfu": model_flops / (seconds * target.devices * target.chip.peak_flops),
     "peak_bytes": max(r["peak_bytes"] for r in rows),
     "fits": all(r["fits"] for r in rows),
+    "decode": decode_figures(run, by["decode_step"], target),
+  }
+
+
+def decode_figures(run, decode_row: dict, target: Target) -> dict:
+  """A decode step against its roofline: every step must read the decode-layout weights and
+  the KV cache each chip holds, so (weights + KV per chip) / HBM bandwidth bounds it from
+  below. Tokens per second per chip count one token per row of the wave."""
+  weights = device_bytes(run.decode_params)
+  _, (_, carry, _) = programs_lib.decode_program(run)
+  kv = device_bytes(carry.cache)
+  roofline = (weights + kv) / target.chip.hbm_bandwidth
+  rows = run.prompts_per_wave * run.cfg.rollout.group_size
+  step = decode_row["roofline_s"]
+  return {
+    "tensor": run.decode_mesh.shape["tensor"],
+    "waves": run.waves,
+    "rows_per_wave": rows,
+    "weights_bytes_per_chip": weights,
+    "kv_bytes_per_chip": kv,
+    "roofline_s": roofline,
+    "step_s": step,
+    "step_over_roofline": step / roofline,
+    "tokens_per_s_per_chip": rows / step / target.devices,
   }
 
 
@@ -222,6 +252,15 @@ def knobs(cfg: TrainConfig, program: str, num_devices: int) -> list[tuple[str, T
     )
   if training and m.remat == "none" and program == "update":
     out.append(("model.remat=full", replace("model", remat="full")))
+  r = cfg.rollout
+  if program in ("prefill", "decode_step"):
+    rows = r.max_rows or cfg.batch_size
+    half = rows // 2 // r.group_size * r.group_size
+    if half >= r.group_size:
+      out.append((f"rollout.max_rows={half}", replace("rollout", max_rows=half)))
+    tensor = r.tensor or mesh.tensor
+    if num_devices % (2 * tensor) == 0:
+      out.append((f"rollout.tensor={2 * tensor}", replace("rollout", tensor=2 * tensor)))
   fsdp = num_devices // mesh.tensor
   if mesh.fsdp < fsdp:
     name = f"mesh.fsdp={fsdp}" + ("" if mesh.data == -1 else " --config.mesh.data=1")
@@ -332,7 +371,8 @@ def state_breakdown(run) -> dict:
     "reference": device_bytes(s.ref),
     "critic": device_bytes(s.critic),
   }
-  _, (_, carry, _) = programs_lib.decode_program(run)  # the carry split by rows
+  out["decode_weights"] = device_bytes(run.decode_params)  # the sampler's copy (rollout.tensor)
+  _, (_, carry, _) = programs_lib.decode_program(run)  # the carry as the sampler lays it out
   out["kv_cache"] = device_bytes(carry.cache)
   return out
 

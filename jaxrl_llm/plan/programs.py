@@ -20,9 +20,9 @@ from jax.sharding import PartitionSpec as P
 from jaxrl_llm.models import CausalLM, ModelConfig, ValueModel
 from jaxrl_llm.models.config import from_hf_config
 from jaxrl_llm.models.hf import read_config
-from jaxrl_llm.models.sharding import batch_sharding, batch_size_divisor, rows_over
+from jaxrl_llm.models.sharding import BATCH_AXES, batch_sharding, batch_size_divisor, rows_over
 from jaxrl_llm.models.transformer import LayerCache
-from jaxrl_llm.rollout import sampler
+from jaxrl_llm.rollout import layout, sampler
 from jaxrl_llm.train import learner as learner_lib
 from jaxrl_llm.train import state as state_lib
 from jaxrl_llm.train import step as step_lib
@@ -69,22 +69,35 @@ class Run:
   eos_ids: tuple = (0,)
   base_def: nnx.GraphDef | None = None  # with LoRA, the graph without adapters (reference)
   pad_id: int = 0
+  decode_mesh: jax.sharding.Mesh | None = None  # the sampler's (rollout/layout.py)
+  decode_params: object = None  # the policy's decode-layout copy, abstract
 
   @property
   def prompt_length(self) -> int:
     return self.cfg.task.prompt_length
 
-  def rows(self, shape, dtype, axis: int = 0):
-    """An abstract array with its rows (axis `axis`) over the batch axes (replicated when
-    the rows do not divide)."""
+  @property
+  def prompts_per_wave(self) -> int:
+    r = self.cfg.rollout
+    return sampler.prompts_per_wave(r.prompts_per_step, r.group_size, r.max_rows)
+
+  @property
+  def waves(self) -> int:
+    return -(-self.cfg.rollout.prompts_per_step // self.prompts_per_wave)
+
+  def rows(self, shape, dtype, axis: int = 0, mesh=None):
+    """An abstract array with its rows (axis `axis`) over the batch axes of `mesh` (default:
+    the run's; replicated when the rows do not divide)."""
+    mesh = self.mesh if mesh is None else mesh
     spec = P()
-    if shape[axis] % batch_size_divisor(self.mesh) == 0:
-      spec = P(*[None] * axis, *batch_sharding(self.mesh, len(shape) - axis).spec)
-    return jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(self.mesh, spec))
+    if shape[axis] % batch_size_divisor(mesh) == 0:
+      spec = P(*[None] * axis, *batch_sharding(mesh, len(shape) - axis).spec)
+    return jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, spec))
 
 
-def abstract_run(cfg: TrainConfig, mesh, model_cfg: ModelConfig) -> Run:
-  """The TrainState the trainer would build for `cfg` on `mesh`, as ShapeDtypeStructs."""
+def abstract_run(cfg: TrainConfig, mesh, model_cfg: ModelConfig, hbm: int | None = None) -> Run:
+  """The TrainState the trainer would build for `cfg` on `mesh`, as ShapeDtypeStructs, and the
+  sampler's decode-layout copy of the policy (`hbm`: a chip's memory, for its default)."""
   base_def, params = nnx.split(nnx.eval_shape(lambda: CausalLM(model_cfg, rngs=nnx.Rngs(0))))
   critic_def, critic = None, None
   if cfg.uses_critic:
@@ -101,7 +114,23 @@ def abstract_run(cfg: TrainConfig, mesh, model_cfg: ModelConfig) -> Run:
   eos = model_cfg.eos_token_id
   eos_ids = tuple(eos) if isinstance(eos, (tuple, list)) else (int(eos or 0),)
   policy_def = learner_lib.policy_graphdef(cfg, model_cfg)
-  return Run(cfg, mesh, model_cfg, policy_def, critic_def, optimizers, state, eos_ids, base_def)
+  run = Run(cfg, mesh, model_cfg, policy_def, critic_def, optimizers, state, eos_ids, base_def)
+  run.decode_mesh, run.decode_params = decode_copy(cfg, mesh, model_cfg, state.policy, hbm)
+  return run
+
+
+def decode_copy(cfg: TrainConfig, mesh, model_cfg: ModelConfig, policy, hbm: int | None):
+  """The sampler's decode mesh and the policy's decode-layout copy (abstract), as the learner
+  makes them (`rollout.tensor`, or its default for a chip of `hbm` bytes)."""
+  tensor = cfg.rollout.tensor or layout.choose_tensor(
+    mesh, layout.weight_bytes(policy, model_cfg.dtype), hbm
+  )
+  try:
+    dmesh = layout.decode_mesh(mesh, tensor)
+  except ValueError as e:
+    raise ConfigError(f"config.rollout.tensor: {e}") from None
+  cast = jax.eval_shape(lambda p: layout._cast(p, model_cfg.dtype), policy)
+  return dmesh, state_lib.with_shardings(cast, layout.decode_shardings(cast, dmesh))
 
 
 def device_bytes(tree) -> int:
@@ -129,9 +158,9 @@ def _sampling(run: Run):
 
 
 def prefill_program(run: Run):
-  """The sampler's prefill, `(jitted, abstract args)`: the B/G prompts into the cache."""
-  cfg, r = run.cfg, run.cfg.rollout
-  B, G = cfg.batch_size, r.group_size
+  """The sampler's prefill, `(jitted, abstract args)`: one wave's prompts into the cache, on
+  the decode mesh with the decode-layout weights."""
+  r = run.cfg.rollout
 
   def prefill(params, prompt, mask):
     return sampler.prefill(
@@ -139,14 +168,15 @@ def prefill_program(run: Run):
       prompt,
       mask,
       max_new_tokens=r.max_new_tokens,
-      num_samples=G,
+      num_samples=r.group_size,
       pad_id=run.pad_id,
       cache_dtype=None,
-      mesh=run.mesh,
+      mesh=run.decode_mesh,
     )
 
-  shape = (B // G, run.prompt_length)
-  return jax.jit(prefill), (run.state.policy, run.rows(shape, jnp.int32), run.rows(shape, bool))
+  shape, mesh = (run.prompts_per_wave, run.prompt_length), run.decode_mesh
+  prompts = (run.rows(shape, jnp.int32, mesh=mesh), run.rows(shape, bool, mesh=mesh))
+  return jax.jit(prefill), (run.decode_params, *prompts)
 
 
 def carry_shape(run: Run) -> sampler.DecodeCarry:
@@ -161,11 +191,12 @@ def decode_program(run: Run, carry_shardings=None):
   output shardings (default: every carry array split by rows)."""
   carry_shapes = carry_shape(run)
   if carry_shardings is None:
-    rows = lambda x, axis=0: run.rows(x.shape, x.dtype, axis) if x.ndim else x
-    carry = jax.tree.map(rows, carry_shapes)
-    if isinstance(carry_shapes.cache.layers, LayerCache):  # stacked: rows are axis 1
-      layers = jax.tree.map(lambda x: rows(x, 1), carry_shapes.cache.layers)
-      carry = carry._replace(cache=carry.cache._replace(layers=layers))
+    carry = jax.tree.map(
+      lambda x: run.rows(x.shape, x.dtype, mesh=run.decode_mesh) if x.ndim else x, carry_shapes
+    )
+    stacked = isinstance(carry_shapes.cache.layers, LayerCache)  # rows are axis 1
+    layers = jax.tree.map(lambda x: _kv(run, x, 1 if stacked else 0), carry_shapes.cache.layers)
+    carry = carry._replace(cache=carry.cache._replace(layers=layers))
   else:
     carry = jax.tree.map(
       lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
@@ -174,16 +205,30 @@ def decode_program(run: Run, carry_shardings=None):
     )
   eos_ids, sampling = run.eos_ids, _sampling(run)
 
+  r = run.cfg.rollout
+  rows = (0, None) if run.waves == 1 else (0, run.waves * run.prompts_per_wave * r.group_size)
+
   def decode_step(params, carry, key):
     model = nnx.merge(run.policy_def, params)
     eos = jnp.asarray(eos_ids, jnp.int32)
-    with rows_over(run.mesh):
+    with rows_over(run.decode_mesh):
       return sampler.decode_step(
-        carry, model, model.unembedding_VxD(), key, eos, sampling, run.pad_id
+        carry, model, model.unembedding_VxD(), key, eos, sampling, run.pad_id, rows
       )
 
   key = jax.ShapeDtypeStruct((), jax.eval_shape(lambda: jax.random.key(0)).dtype)
-  return jax.jit(decode_step, donate_argnums=1), (run.state.policy, carry, key)
+  return jax.jit(decode_step, donate_argnums=1), (run.decode_params, carry, key)
+
+
+def _kv(run: Run, x, row_axis: int):
+  """A KV-cache array as the sampler lays it out: rows over the decode mesh's batch axes
+  and KV heads over its tensor axis, each where it divides."""
+  mesh, spec = run.decode_mesh, [None] * x.ndim
+  if x.shape[row_axis] % batch_size_divisor(mesh) == 0:
+    spec[row_axis] = BATCH_AXES
+  if x.shape[row_axis + 1] % mesh.shape["tensor"] == 0:
+    spec[row_axis + 1] = "tensor"
+  return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(mesh, P(*spec)))
 
 
 def _batch(run: Run) -> step_lib.Batch:
@@ -218,8 +263,15 @@ def update_program(run: Run):
 
 
 def state_argument_bytes(run: Run, name: str) -> int:
-  """Bytes per device of a program's arguments that are train state (resident anyway)."""
-  return device_bytes(run.state.policy if name in ("prefill", "decode_step") else run.state)
+  """Bytes per device of a program's arguments that stay resident anyway: the train state,
+  or for the sampler's programs its decode-layout copy of the weights."""
+  return device_bytes(run.decode_params if name in ("prefill", "decode_step") else run.state)
+
+
+def resident_bytes(run: Run) -> int:
+  """Bytes per device held throughout an iteration: the train state and the sampler's
+  decode-layout copy of the policy (made once per update, kept until the next)."""
+  return device_bytes(run.state) + device_bytes(run.decode_params)
 
 
 BUILDERS = {

@@ -51,17 +51,7 @@ def format_report(r: dict) -> str:
       f"{_seconds(p['hbm_s']):>10s}  {coll or '-'}"
     )
   lines.append("(GiB per chip; the peak adds the train state, which stays in HBM throughout)")
-  it = r["iteration"]
-  if it:
-    lines += [
-      "",
-      f"iteration (prefill, {w['completion_tokens']} decode steps, experience, update): "
-      f"{it['flops_per_chip'] / 1e12:.1f} TFLOP and {it['hbm_bytes_per_chip'] / 1e9:.1f} GB of "
-      f"HBM traffic per chip; compute-bound {_seconds(it['compute_bound_s'])}, "
-      f"HBM-bound {_seconds(it['hbm_bound_s'])}, roofline estimate {_seconds(it['estimate_s'])} "
-      f"at {100 * it['mfu']:.1f}% MFU",
-      "(compile-time estimates, not timings: collectives, host work and early stops left out)",
-    ]
+  lines += _iteration_lines(r["iteration"], w)
   lines.append("")
   lines.append("fits" if r["fits"] else "DOES NOT FIT")
   for s in r["suggestions"]:
@@ -70,3 +60,27 @@ def format_report(r: dict) -> str:
     saves = f", saves {_gib(s['saves_bytes'])} GiB" if s.get("saves_bytes") else ""
     lines.append(f"  {s['program']}: --config.{s['setting']} -> {peak}{saves}, {verdict}")
   return "\n".join(lines)
+
+
+def _iteration_lines(it: dict, w: dict) -> list[str]:
+  """The decode step against its roofline, and the iteration's estimate."""
+  if not it:
+    return []
+  d = it["decode"]
+  waves = f"{d['waves']} waves of " if d["waves"] > 1 else ""
+  return [
+    "",
+    f"decode ({waves}{d['rows_per_wave']} rows, tensor {d['tensor']}): a step reads "
+    f"{_gib(d['weights_bytes_per_chip'])} GiB of weights and {_gib(d['kv_bytes_per_chip'])} "
+    f"GiB of KV per chip, roofline {_seconds(d['roofline_s'])}; the step's estimate "
+    f"{_seconds(d['step_s'])} ({d['step_over_roofline']:.2f}x), "
+    f"{d['tokens_per_s_per_chip']:,.0f} tokens/s per chip",
+    f"iteration (prefill, {w['completion_tokens']} decode steps"
+    + (f" per wave x {d['waves']}" if d["waves"] > 1 else "")
+    + ", experience, update): "
+    f"{it['flops_per_chip'] / 1e12:.1f} TFLOP and {it['hbm_bytes_per_chip'] / 1e9:.1f} GB of "
+    f"HBM traffic per chip; compute-bound {_seconds(it['compute_bound_s'])}, "
+    f"HBM-bound {_seconds(it['hbm_bound_s'])}, roofline estimate {_seconds(it['estimate_s'])} "
+    f"at {100 * it['mfu']:.1f}% MFU",
+    "(compile-time estimates, not timings: collectives, host work and early stops left out)",
+  ]

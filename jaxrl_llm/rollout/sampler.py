@@ -14,9 +14,23 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
 
-from jaxrl_llm.models.sharding import batch_size_divisor, rows_over, split_rows
-from jaxrl_llm.models.transformer import KVCache, init_cache, positions_from_mask
+from jaxrl_llm.models.sharding import (
+  BATCH_AXES,
+  batch_size_divisor,
+  current_rows_mesh,
+  rows_over,
+  split_rows,
+)
+from jaxrl_llm.models.transformer import (
+  KVCache,
+  LayerCache,
+  init_cache,
+  positions_from_mask,
+  share_prompt,
+)
+from jaxrl_llm.rollout import layout
 
 
 class SampleOutput(NamedTuple):
@@ -72,7 +86,7 @@ def _invert_cdf(cdf_BxV, target_Bx1, probs_BxV):
   return jnp.minimum(index_B, last_positive_B)
 
 
-def sample_from_logprobs(key, logp_BxV, block: int = 128):
+def sample_from_logprobs(key, logp_BxV, block: int = 128, *, row_offset=0, rows_total=None):
   """One draw per row from exp(logp), by inverting the CDF with a single uniform per row.
 
   Exact like `jax.random.categorical`, but it draws B random numbers instead of the
@@ -80,10 +94,14 @@ def sample_from_logprobs(key, logp_BxV, block: int = 128):
   vocabulary (over 8 blocks) is inverted in two levels: over the summed probabilities of
   blocks of `block` tokens, then within the chosen block, so each row takes V/block + block
   running sums instead of V. Tokens of probability 0 (cut by top-k/top-p) are never drawn.
+  The B rows may be rows `row_offset ..` of a batch of `rows_total` (a wave of it): the
+  uniforms are then that batch's, so a row draws the same number in any wave.
   """
   probs_BxV = jnp.exp(logp_BxV)
   B, V = probs_BxV.shape
-  u_Bx1 = jax.random.uniform(key, (B, 1))
+  u_Bx1 = jax.random.uniform(key, (rows_total or B, 1))
+  if rows_total is not None:  # threefry is partitionable: row r's number is the same at any size
+    u_Bx1 = jax.lax.dynamic_slice_in_dim(u_Bx1, row_offset, B)
   if V <= 8 * block:
     cdf_BxV = jnp.cumsum(probs_BxV, axis=-1)
     return _invert_cdf(cdf_BxV, u_Bx1 * cdf_BxV[:, -1:], probs_BxV)
@@ -110,14 +128,18 @@ class DecodeCarry(NamedTuple):
   next_pos_B: jax.Array  # RoPE position of the next token
 
 
-def decode_step(carry: DecodeCarry, model, unembedding_VxD, key, eos_ids, sampling, pad_id):
-  """Samples token `step`, records it, and runs the model on it for the next logits."""
+def decode_step(
+  carry: DecodeCarry, model, unembedding_VxD, key, eos_ids, sampling, pad_id, rows=(0, None)
+):
+  """Samples token `step`, records it, and runs the model on it for the next logits. `rows`:
+  the carry's first row and the whole batch's row count, when the carry is a wave of it."""
   temperature, top_k, top_p = sampling
   logp_BxV = process_logits(carry.logits_BxV, temperature, top_k, top_p)
   if temperature == 0:
     token_B = jnp.argmax(logp_BxV, axis=-1)
   else:
-    token_B = sample_from_logprobs(jax.random.fold_in(key, carry.step), logp_BxV)
+    step_key = jax.random.fold_in(key, carry.step)
+    token_B = sample_from_logprobs(step_key, logp_BxV, row_offset=rows[0], rows_total=rows[1])
   token_B = token_B.astype(jnp.int32)
   lp_B = jnp.take_along_axis(logp_BxV, token_B[:, None], axis=-1)[:, 0]
   token_B = jnp.where(carry.done_B, pad_id, token_B)
@@ -140,13 +162,45 @@ def decode_step(carry: DecodeCarry, model, unembedding_VxD, key, eos_ids, sampli
   )
 
 
+def split_cache(cache: KVCache) -> KVCache:
+  """`cache` constrained to the rows mesh's layout (within `rows_over`): rows over the batch
+  axes and KV heads over `tensor`, each where it divides (a shared prompt's rows too)."""
+  mesh = current_rows_mesh()
+  if mesh is None:
+    return cache
+  stacked = isinstance(cache.layers, LayerCache)
+
+  def place(x, row_axis):  # [.., rows, K, ...]
+    spec = [None] * x.ndim
+    if x.shape[row_axis] % batch_size_divisor(mesh) == 0:
+      spec[row_axis] = BATCH_AXES
+    if x.shape[row_axis + 1] % mesh.shape["tensor"] == 0:
+      spec[row_axis + 1] = "tensor"
+    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, PartitionSpec(*spec)))
+
+  layers = jax.tree.map(lambda x: place(x, 1 if stacked else 0), cache.layers)
+  return cache._replace(layers=layers, mask_BxS=split_rows(cache.mask_BxS))
+
+
 def prefill(
-  model, prompt_BxP, prompt_mask_BxP, *, max_new_tokens, num_samples, pad_id, cache_dtype, mesh
+  model,
+  prompt_BxP,
+  prompt_mask_BxP,
+  *,
+  max_new_tokens,
+  num_samples,
+  pad_id,
+  cache_dtype,
+  mesh,
+  shared_prompt_kv=True,
 ) -> DecodeCarry:
-  """The decode loop's first carry: each prompt is prefilled once into a cache of
-  P + max_new_tokens slots, whose rows and next-token logits are then repeated for its
-  `num_samples` completions. Rows are split over `mesh`'s batch axes where they divide.
-  (Its own program in `jaxrl_llm.plan`.)"""
+  """The decode loop's first carry: each prompt is prefilled once into a cache of P slots,
+  which its `num_samples` completions share (`share_prompt`: one copy of the prompt's keys
+  and values per group, plus max_new_tokens slots per row); its next-token logits are
+  repeated for them. Rows are split over `mesh`'s batch axes where they divide, KV heads over
+  its tensor axis. With `shared_prompt_kv=False` the prompt's keys and values are instead
+  repeated into each row's own P + max_new_tokens slots (the same samples, G times the
+  prompt's KV memory; kept to measure against). (Its own program in `jaxrl_llm.plan`.)"""
 
   def repeat(x):  # prompt i's row to rows i*G .. i*G+G-1
     return split_rows(jnp.repeat(x, num_samples, axis=0))
@@ -155,14 +209,19 @@ def prefill(
     prompt_mask_BxP = split_rows(prompt_mask_BxP.astype(bool))
     B, P = prompt_BxP.shape[0] * num_samples, prompt_BxP.shape[1]
     N = max_new_tokens
-    cache = init_cache(model.cfg, B // num_samples, P + N, cache_dtype)
+    slots = P if shared_prompt_kv else P + N
+    cache = init_cache(model.cfg, B // num_samples, slots, cache_dtype)
     positions_BxP = positions_from_mask(prompt_mask_BxP)
     hidden, cache = model.decoder(split_rows(prompt_BxP), positions_BxP, prompt_mask_BxP, cache)
     logits_BxV = model.unembed(hidden[:, -1:], model.unembedding_VxD())[:, 0]  # last token
+    if shared_prompt_kv:
+      cache = share_prompt(cache, num_samples, N)
+    else:
+      cache = cache.map_rows(repeat)
     return DecodeCarry(
       step=jnp.zeros((), jnp.int32),
       logits_BxV=repeat(logits_BxV),
-      cache=cache.map_rows(repeat),
+      cache=split_cache(cache),
       tokens_BxN=split_rows(jnp.full((B, N), pad_id, jnp.int32)),
       logprobs_BxN=split_rows(jnp.zeros((B, N), jnp.float32)),
       done_B=split_rows(jnp.zeros((B,), bool)),
@@ -170,44 +229,20 @@ def prefill(
     )
 
 
-@functools.partial(
-  jax.jit,
-  static_argnames=(
-    "graphdef",
-    "max_new_tokens",
-    "num_samples",
-    "sampling",
-    "pad_id",
-    "cache_dtype",
-    "mesh",
-  ),
-)
-def _generate(
-  graphdef,
-  params,
-  prompt_BxP,
-  prompt_mask_BxP,
-  rng,
-  eos_ids,
-  *,
-  max_new_tokens,
-  num_samples,
-  sampling,
-  pad_id,
-  cache_dtype,
-  mesh,
-):
-  N = max_new_tokens
-  model = nnx.merge(graphdef, params)
+def _decode_rows(model, prompt_BxP, prompt_mask_BxP, rng, eos_ids, rows, **kw) -> SampleOutput:
+  """Prefill and the decode loop for one wave of prompts. `rows`: the wave's first sample
+  row and the rows of all waves (see `decode_step`)."""
+  N, mesh = kw["max_new_tokens"], kw["mesh"]
   carry = prefill(
     model,
     prompt_BxP,
     prompt_mask_BxP,
     max_new_tokens=N,
-    num_samples=num_samples,
-    pad_id=pad_id,
-    cache_dtype=cache_dtype,
+    num_samples=kw["num_samples"],
+    pad_id=kw["pad_id"],
+    cache_dtype=kw["cache_dtype"],
     mesh=mesh,
+    shared_prompt_kv=kw["shared_prompt_kv"],
   )
   step = functools.partial(
     decode_step,
@@ -215,8 +250,9 @@ def _generate(
     unembedding_VxD=model.unembedding_VxD(),
     key=rng,
     eos_ids=eos_ids,
-    sampling=sampling,
-    pad_id=pad_id,
+    sampling=kw["sampling"],
+    pad_id=kw["pad_id"],
+    rows=rows,
   )
   with rows_over(mesh):
     carry = jax.lax.while_loop(lambda c: (c.step < N) & ~jnp.all(c.done_B), step, carry)
@@ -231,6 +267,60 @@ def _generate(
     lengths_B=mask_BxN.sum(-1).astype(jnp.int32),
     truncated_B=~jnp.any(is_eos_BxN, axis=-1),
   )
+
+
+def prompts_per_wave(num_prompts: int, num_samples: int, max_rows: int) -> int:
+  """Prompts a wave takes: all of them, or as many as `max_rows` rows hold (0: no limit)."""
+  if not max_rows or num_prompts * num_samples <= max_rows:
+    return num_prompts
+  return max(max_rows // num_samples, 1)
+
+
+@functools.partial(
+  jax.jit,
+  static_argnames=(
+    "graphdef",
+    "max_new_tokens",
+    "num_samples",
+    "sampling",
+    "pad_id",
+    "cache_dtype",
+    "mesh",
+    "per_wave",
+    "shared_prompt_kv",
+  ),
+)
+def _generate(graphdef, params, prompt_BxP, prompt_mask_BxP, rng, eos_ids, *, per_wave, **kw):
+  model = nnx.merge(graphdef, params)
+  Bp, G = prompt_BxP.shape[0], kw["num_samples"]
+  if per_wave == Bp:
+    return _decode_rows(model, prompt_BxP, prompt_mask_BxP, rng, eos_ids, (0, None), **kw)
+  # Waves: the prompts padded to whole waves (copies of the last, dropped at the end), each
+  # wave decoded in turn into its rows of the output. A row's random numbers are drawn as
+  # for the whole batch, so the samples equal one wave's.
+  waves = -(-Bp // per_wave)
+  pad = ((0, waves * per_wave - Bp), (0, 0))
+  prompt_BxP = jnp.pad(prompt_BxP, pad, mode="edge")
+  prompt_mask_BxP = jnp.pad(prompt_mask_BxP, pad, mode="edge")
+  total = waves * per_wave * G
+  wave_out = jax.eval_shape(
+    lambda p, m: _decode_rows(model, p, m, rng, eos_ids, (0, total), **kw),
+    prompt_BxP[:per_wave],
+    prompt_mask_BxP[:per_wave],
+  )
+  out = jax.tree.map(lambda x: jnp.zeros((total, *x.shape[1:]), x.dtype), wave_out)
+
+  def wave(w, out):
+    start = w * per_wave
+    take = lambda x: jax.lax.dynamic_slice_in_dim(x, start, per_wave)
+    rows = (start * G, total)
+    got = _decode_rows(model, take(prompt_BxP), take(prompt_mask_BxP), rng, eos_ids, rows, **kw)
+    put = lambda buf, x: jax.lax.dynamic_update_slice_in_dim(buf, x, start * G, axis=0)
+    return jax.tree.map(put, out, got)
+
+  out = jax.lax.fori_loop(0, waves, wave, out)
+  with rows_over(kw["mesh"]):
+    return jax.tree.map(lambda x: split_rows(x[: Bp * G]), out)
 
 
 def _drop_padding_columns(prompt_BxP, prompt_mask_BxP, multiple: int = 8):
@@ -251,7 +341,9 @@ def _drop_padding_columns(prompt_BxP, prompt_mask_BxP, multiple: int = 8):
   return prompt_BxP[:, P - width :], prompt_mask_BxP[:, P - width :]
 
 
-def _check_arguments(prompt_BxP, prompt_mask_BxP, max_new_tokens, num_samples, sampling, mesh):
+def _check_arguments(
+  prompt_BxP, prompt_mask_BxP, max_new_tokens, num_samples, sampling, mesh, per_wave
+):
   """`generate`'s arguments, checked before anything traces, with a message that names them."""
   temperature, top_k, top_p = sampling
   if prompt_BxP.ndim != 2 or prompt_BxP.shape != prompt_mask_BxP.shape:
@@ -273,8 +365,14 @@ def _check_arguments(prompt_BxP, prompt_mask_BxP, max_new_tokens, num_samples, s
   rows = prompt_BxP.shape[0] * num_samples
   if mesh is not None and rows % batch_size_divisor(mesh):
     raise ValueError(
-      f"B*G = {rows} rows must divide over the mesh's data x fsdp = "
-      f"{batch_size_divisor(mesh)} devices."
+      f"B*G = {rows} rows must divide over the decode mesh's {batch_size_divisor(mesh)} row "
+      "groups (devices / tensor)."
+    )
+  if mesh is not None and (per_wave * num_samples) % batch_size_divisor(mesh):
+    raise ValueError(
+      f"a wave of {per_wave} prompts x {num_samples} samples does not divide over the decode "
+      f"mesh's {batch_size_divisor(mesh)} row groups; choose max_rows as a multiple of "
+      f"{num_samples} x {batch_size_divisor(mesh)}."
     )
 
 
@@ -293,10 +391,14 @@ def generate(
   pad_id: int = 0,
   params=None,
   mesh=None,
+  tensor: int | None = None,
+  max_rows: int = 0,
   cache_dtype=None,
   trim: bool = True,
+  shared_prompt_kv: bool = True,
 ) -> SampleOutput:
-  """Samples `num_samples` completions of every left-padded prompt.
+  """Samples `num_samples` completions of every left-padded prompt. (Long on purpose: the
+  public entry point, each of its arguments documented here.)
 
   Args:
     model: a `CausalLM`, or its graphdef (then pass `params=`).
@@ -310,15 +412,27 @@ def generate(
     num_samples: G completions per prompt, rows i*G .. i*G+G-1 for prompt i; pad_id:
       written after a row's EOS.
     params: the parameter state when `model` is a graphdef.
-    mesh: a (data, fsdp, tensor) mesh; the B*G rows are split over data and fsdp.
-      Place the params with `models.sharding.shard_params` first.
+    mesh: a (data, fsdp, tensor) mesh the params and prompts are on. The sampler decodes on
+      its decode mesh (`layout.decode_mesh(mesh, tensor)`: rows over devices / tensor row
+      groups, heads and MLP columns over `tensor`) with the weights in the decode layout
+      (`layout.to_decode_layout`: a copy, unless they are placed so already).
+    tensor: the decode mesh's tensor axis (default: the mesh's own).
+    max_rows: at most this many rows decode at once: the prompts go in waves of
+      max_rows // num_samples, each with its own KV cache, and the samples equal one wave's
+      (0: one wave).
     cache_dtype: KV cache dtype (default: the model's compute dtype).
     trim: drop columns of padding in every row (a few widths compile); False keeps the
       width, so one program serves every call of that shape.
+    shared_prompt_kv: the G samples of a prompt attend to one copy of its KV (see `prefill`).
   """
   graphdef, params = nnx.split(model) if params is None else (model, params)
+  if mesh is not None:
+    mesh = layout.decode_mesh(mesh, tensor or mesh.shape["tensor"])
+    params = layout.to_decode_layout(params, mesh, nnx.merge(graphdef, params).cfg.dtype)
+  per_wave = prompts_per_wave(prompt_BxP.shape[0], num_samples, max_rows)
+  sampling = (temperature, top_k, top_p)
   _check_arguments(
-    prompt_BxP, prompt_mask_BxP, max_new_tokens, num_samples, (temperature, top_k, top_p), mesh
+    prompt_BxP, prompt_mask_BxP, max_new_tokens, num_samples, sampling, mesh, per_wave
   )
   if trim:
     prompt_BxP, prompt_mask_BxP = _drop_padding_columns(prompt_BxP, prompt_mask_BxP)
@@ -335,4 +449,6 @@ def generate(
     pad_id=pad_id,
     cache_dtype=cache_dtype,
     mesh=mesh,
+    per_wave=per_wave,
+    shared_prompt_kv=shared_prompt_kv,
   )

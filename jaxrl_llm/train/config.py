@@ -207,6 +207,13 @@ class RolloutSection:
   mode: str = "sync"
   sampler_devices: int = at_least(0, 0)  # async: 0 takes half the devices
   max_extra_rounds: int = at_least(2, 0)  # rollouts beyond the first that dynamic sampling takes
+  # The sampler's decode layout (rollout/layout.py): the weights, cast to model.dtype, split
+  # over `tensor` devices (heads, MLP columns, vocabulary) and the rows over the rest.
+  # 0: the mesh's own tensor axis, widened until the copy takes a quarter of a device.
+  tensor: int = at_least(0, 0)
+  # Rows (prompts x group_size) decoded at once; a rollout with more goes in waves of
+  # max_rows // group_size prompts, with the same samples. 0: one wave.
+  max_rows: int = at_least(0, 0)
 
 
 @dataclasses.dataclass(frozen=True)

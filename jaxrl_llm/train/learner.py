@@ -1,6 +1,7 @@
 """Builds the models, the sharded train state and the jitted programs for a config."""
 
 import functools
+import weakref
 
 import jax
 import jax.numpy as jnp
@@ -19,7 +20,7 @@ from jaxrl_llm.models import (
 )
 from jaxrl_llm.models import lora as lora_lib
 from jaxrl_llm.models.sharding import DEFAULT_RULES, ShardingRules, param_shardings
-from jaxrl_llm.rollout import SampleOutput, generate
+from jaxrl_llm.rollout import SampleOutput, generate, layout
 from jaxrl_llm.train import state as state_lib
 from jaxrl_llm.train import step as step_lib
 from jaxrl_llm.train.checkpoint import fingerprint
@@ -125,6 +126,7 @@ class Learner:
     self.optimizers = state_lib.make_optimizers(cfg)
     self.state = None
     self._base_fingerprint = None
+    self._decode_copy = None  # (decode mesh, the params' arrays, their decode-layout copy)
     self._experience, self._update = jitted_steps(
       cfg, mesh, self.policy_def, self.critic_def, self.optimizers, self.base_def
     )
@@ -239,13 +241,15 @@ class Learner:
     end a completion (default: the model's end ids); `trim`: see `rollout.generate`."""
     r = self.cfg.rollout
     graphdef = self.base_def if self.state is None else self.policy_def
+    mesh = self.decode_mesh(self.mesh if mesh is None else mesh)
     return generate(
       graphdef,
       prompt_BxP,
       mask_BxP,
       rng,
-      params=params,
-      mesh=self.mesh if mesh is None else mesh,
+      params=self.decode_params(params, mesh),
+      mesh=mesh,
+      max_rows=r.max_rows,
       max_new_tokens=max_new_tokens or r.max_new_tokens,
       temperature=temperature,
       top_k=(r.top_k or None) if temperature else None,
@@ -255,6 +259,30 @@ class Learner:
       pad_id=self.pad_id,
       trim=trim,
     )
+
+  def decode_mesh(self, mesh):
+    """The sampler's decode mesh over `mesh`'s devices (see `rollout.layout`)."""
+    tensor = self.cfg.rollout.tensor
+    if not tensor:
+      weights = layout.weight_bytes(
+        self.policy if self.state is None else self.state.policy, self.model_cfg.dtype
+      )
+      tensor = layout.choose_tensor(mesh, weights, layout.device_memory(mesh))
+    return layout.decode_mesh(mesh, tensor)
+
+  def decode_params(self, params, decode_mesh):
+    """`params` in the decode layout on `decode_mesh`: made once per version of the params
+    (the last copy is kept, so the turns of an episode and the batches of an evaluation
+    reuse it, and replaced when they change; it holds the params by weak reference)."""
+    leaves = jax.tree.leaves(params)
+    cached = self._decode_copy
+    if cached is not None and cached[0] == decode_mesh and len(cached[1]) == len(leaves):
+      if all(ref() is x for ref, x in zip(cached[1], leaves, strict=True)):
+        return cached[2]
+    self._decode_copy = None  # free the old copy before making the new one
+    copy = layout.to_decode_layout(params, decode_mesh, self.model_cfg.dtype)
+    self._decode_copy = (decode_mesh, [weakref.ref(x) for x in leaves], copy)
+    return copy
 
   def experience(self, batch: step_lib.Batch):
     return self._experience(self.state, batch)

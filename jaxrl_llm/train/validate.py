@@ -5,6 +5,7 @@ but usually spoil a run. One function per section of the config."""
 import dataclasses
 import inspect
 import json
+import math
 from typing import Any
 
 import jax
@@ -289,8 +290,14 @@ def _env(cfg: TrainConfig) -> None:
 
 
 def _batching(cfg: TrainConfig) -> None:
-  """Minibatches and micro-batches that divide the batch, and groups that fit them."""
+  """Minibatches and micro-batches that divide the batch, groups that fit them, and waves
+  that hold a group."""
   a, r = cfg.algo, cfg.rollout
+  _check(
+    not r.max_rows or r.max_rows >= r.group_size,
+    f"config.rollout.max_rows={r.max_rows} must hold one group of "
+    f"config.rollout.group_size={r.group_size} samples (or be 0: one wave).",
+  )
   _check(
     cfg.batch_size % a.num_minibatches == 0,
     f"config.algo.num_minibatches={a.num_minibatches} must divide the batch of "
@@ -456,6 +463,21 @@ def check_devices(cfg: TrainConfig, num_devices: int, *, prompt_stream: bool = T
       "devices; change config.rollout.prompts_per_step, config.algo.num_minibatches or "
       "config.algo.micro_batches, or the mesh.",
     )
+  r = cfg.rollout
+  _check(
+    not r.tensor or num_devices % r.tensor == 0,
+    f"config.rollout.tensor={r.tensor} must divide the {num_devices} devices; use a divisor, "
+    "or 0 for the default.",
+  )
+  row_groups = num_devices // (r.tensor or m.tensor)
+  _check(
+    not r.max_rows
+    or r.max_rows >= cfg.batch_size
+    or (r.max_rows // r.group_size * r.group_size) % row_groups == 0,
+    f"config.rollout.max_rows={r.max_rows}: a wave of max_rows // group_size prompts x "
+    f"{r.group_size} samples must split over the decode mesh's {row_groups} row groups "
+    f"(devices / rollout.tensor); use a multiple of {math.lcm(r.group_size, row_groups)}.",
+  )
   _check(
     not prompt_stream or cfg.rollout.prompts_per_step % shards == 0,
     f"config.rollout.prompts_per_step={cfg.rollout.prompts_per_step} does not split over "

@@ -66,10 +66,10 @@ def _collectives(graphdef, params, mesh, prompt, mask):
   return out
 
 
-def _weight_shapes(params, *meshes):
+def _weight_shapes(params, *layouts):
   """Every parameter's global shape and its shard's shape in each layout."""
   shapes = {tuple(x.shape) for x in jax.tree.leaves(params)}
-  for mesh, shardings in meshes:
+  for shardings in layouts:
     for x, s in zip(jax.tree.leaves(params), jax.tree.leaves(shardings), strict=True):
       shapes.add(tuple(s.shard_shape(x.shape)))
   return shapes
@@ -80,9 +80,7 @@ def test_the_decode_layout_gathers_no_weight(model):
   prompt, mask = _prompts(8)
   decode = layout.decode_mesh(mesh, 2)
   weights = _weight_shapes(
-    params,
-    (mesh, param_shardings(params, mesh)),
-    (decode, layout.decode_shardings(params, decode)),
+    params, param_shardings(params, mesh), layout.decode_shardings(params, decode)
   )
   gathers = lambda colls: [s for kind, s in colls if kind == "all-gather" and s in weights]
   # Laid out for training, the sampler all-gathers the weights (inside the decode loop).
@@ -92,7 +90,8 @@ def test_the_decode_layout_gathers_no_weight(model):
   assert not gathers(colls), gathers(colls)
   # What remains: the tensor-parallel reductions (and gathers of activations' shards).
   assert any(kind == "all-reduce" and len(s) >= 2 for kind, s in colls)
-  for x, s in zip(jax.tree.leaves(copy), jax.tree.leaves(layout.decode_shardings(copy, decode))):
+  placed = jax.tree.leaves(layout.decode_shardings(copy, decode))
+  for x, s in zip(jax.tree.leaves(copy), placed, strict=True):
     assert x.sharding.is_equivalent_to(s, x.ndim)
 
 
@@ -108,7 +107,7 @@ def test_the_decode_copy_is_cast_and_made_only_when_needed(model):
   q = half["decoder"]["layers"][0]["attn"]["q_DxNxH"].get_value()
   assert q.sharding.shard_shape(q.shape) == (q.shape[0], 1, q.shape[2])
   same = layout.to_decode_layout(half, decode, jnp.bfloat16)
-  assert all(a is b for a, b in zip(jax.tree.leaves(same), jax.tree.leaves(half)))
+  assert all(a is b for a, b in zip(jax.tree.leaves(same), jax.tree.leaves(half), strict=True))
 
 
 @pytest.mark.parametrize("tensor", [1, 2, 4])
@@ -222,3 +221,14 @@ def test_the_repeated_prompt_layout_gives_the_same_samples(model):
   repeated = generate(model, prompt, mask, jax.random.key(4), shared_prompt_kv=False, **kw)
   np.testing.assert_array_equal(shared.tokens_BxN, repeated.tokens_BxN)
   np.testing.assert_allclose(shared.logprobs_BxN, repeated.logprobs_BxN, atol=1e-5)
+
+
+def test_a_scanned_model_writes_its_cache_in_place_and_samples_the_same(model):
+  """The scanned layers' decode step keeps the stacked cache in the scan's carry."""
+  scanned = load_model(FIXTURES / "qwen2_untied", scan_layers=True)
+  prompt, mask = _prompts(3)
+  kw = dict(max_new_tokens=8, num_samples=4, temperature=1.0, eos_ids=(7,))
+  want = generate(model, prompt, mask, jax.random.key(6), **kw)
+  got = generate(scanned, prompt, mask, jax.random.key(6), **kw)
+  np.testing.assert_array_equal(got.tokens_BxN, want.tokens_BxN)
+  np.testing.assert_allclose(got.logprobs_BxN, want.logprobs_BxN, atol=1e-5)

@@ -60,6 +60,9 @@ class LayerCache(NamedTuple):
   v_BxKxSxH: jax.Array
   prompt_k: jax.Array | None = None
   prompt_v: jax.Array | None = None
+  # With a layer index, `k_BxKxHxS`/`v_BxKxSxH` are every layer's, stacked, and this layer
+  # writes its new slots into them in place (a scanned model's decode step).
+  layer: jax.Array | None = None
 
 
 class KVCache(NamedTuple):
@@ -251,6 +254,18 @@ class Attention(nnx.Module):
     if cache is None:
       keys, v_BxKxSxH, new_cache = k_BxLxKxH.transpose(0, 2, 1, 3), v_BxKxLxH, None
       scores_eq = "bkglh,bksh->bkgls"
+    elif cache.layer is not None:  # write into the stacked cache, then read this layer's
+      i = cache.layer
+      k_all = jax.lax.dynamic_update_slice(
+        cache.k_BxKxHxS, k_BxLxKxH.transpose(0, 2, 3, 1)[None].astype(dt), (i, 0, 0, 0, index)
+      )
+      v_all = jax.lax.dynamic_update_slice(
+        cache.v_BxKxSxH, v_BxKxLxH[None].astype(dt), (i, 0, 0, index, 0)
+      )
+      keys = jax.lax.dynamic_index_in_dim(k_all, i, keepdims=False)
+      v_BxKxSxH = jax.lax.dynamic_index_in_dim(v_all, i, keepdims=False)
+      new_cache = LayerCache(k_all, v_all)
+      scores_eq = "bkglh,bkhs->bkgls"
     else:
       keys = jax.lax.dynamic_update_slice(
         cache.k_BxKxHxS, k_BxLxKxH.transpose(0, 2, 3, 1).astype(dt), (0, 0, 0, index)
@@ -480,6 +495,8 @@ class Decoder(nnx.Module):
     def block_fn(graphdef, x, params, layer_cache):
       return nnx.merge(graphdef, params)(x, rope, visible, layer_cache, index)
 
+    if self.cfg.scan_layers and layer_caches is not None and x_BxLxD.shape[1] == 1:
+      return self._scan_in_place(block_fn, x_BxLxD, layer_caches)
     if self.cfg.scan_layers:
       graphdef, params = nnx.split(self.layers)
       body = lambda x, xs: block_fn(graphdef, x, *xs)
@@ -496,6 +513,26 @@ class Decoder(nnx.Module):
       x_BxLxD, layer_cache = fn(x_BxLxD, params, layer_cache)
       new_caches.append(layer_cache)
     return x_BxLxD, tuple(new_caches)
+
+  def _scan_in_place(self, block_fn, x_BxLxD, layer_caches: LayerCache):
+    """A decode step through the stacked layers with the cache in the scan's carry, each
+    layer writing its token's slot in place: as the scan's stacked output, the cache would be
+    a new buffer every step, written whole (and copied back into the decode loop's carry).
+    Only for passes that are not differentiated (the backward pass would keep every layer's
+    carry)."""
+    graphdef, params = nnx.split(self.layers)
+    shared = (layer_caches.prompt_k, layer_caches.prompt_v)
+
+    def body(carry, xs):
+      x, k_all, v_all, i = carry
+      layer_params, prompt_k, prompt_v = xs
+      cache = LayerCache(k_all, v_all, prompt_k, prompt_v, layer=i)
+      x, new = block_fn(graphdef, x, layer_params, cache)
+      return (x, new.k_BxKxHxS, new.v_BxKxSxH, i + 1), None
+
+    start = (x_BxLxD, layer_caches.k_BxKxHxS, layer_caches.v_BxKxSxH, jnp.zeros((), jnp.int32))
+    (x, k_all, v_all, _), _ = jax.lax.scan(body, start, (params, *shared))
+    return x, LayerCache(k_all, v_all)
 
 
 def completion_hidden(

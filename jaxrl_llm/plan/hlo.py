@@ -317,7 +317,33 @@ def _continuation(instr: Instr, fused: list[Instr], passthrough: set[str]) -> bo
   return any(_dims(i.shape) == shape for i in fused if i.name in passthrough)
 
 
-def _fusion_traffic(instr: Instr, shapes: dict[str, str], fused: list[Instr]) -> float:
+def _sliced_read(param: str, fused: list[Instr], computations: dict) -> float | None:
+  """The bytes a fusion reads of its parameter `param` when it reads it only through
+  dynamic slices, directly or inside fusions nested in it (as the layer loop of a scanned
+  model reads its stacked weights); None when it reads more of it."""
+  uses = [(i, k) for i in fused for k, o in enumerate(i.operands) if o == param]
+  if not uses:
+    return None
+  total = 0.0
+  for user, k in uses:
+    if user.opcode == "dynamic-slice" and k == 0:
+      total += shape_bytes(user.shape)
+      continue
+    callee = _called(user.attrs, "calls") if user.opcode == "fusion" else []
+    nested = computations.get(callee[0], []) if callee else []
+    inner = next(
+      (i.name for i in nested if i.opcode == "parameter" and i.operands == [str(k)]), None
+    )
+    read = None if inner is None else _sliced_read(inner, nested, computations)
+    if read is None:
+      return None
+    total += read
+  return total
+
+
+def _fusion_traffic(
+  instr: Instr, shapes: dict[str, str], fused: list[Instr], computations: dict | None = None
+) -> float:
   """A fusion's HBM traffic: each operand read once and the result written once, except
   that an operand the fusion only slices is read slice by slice, a buffer it updates in
   place (a dynamic-update-slice root, as for a KV cache or a scan's stacked outputs) moves
@@ -341,9 +367,9 @@ def _fusion_traffic(instr: Instr, shapes: dict[str, str], fused: list[Instr]) ->
     index = int(p.operands[0]) if p.operands and p.operands[0].isdigit() else -1
     outer = shapes.get(instr.operands[index], "") if 0 <= index < len(instr.operands) else ""
     uses = users.get(p.name, [])
-    if uses and all(u.opcode == "dynamic-slice" and k == 0 for u, k in uses):
-      if hbm_bytes(outer):
-        total += sum(shape_bytes(u.shape) for u, _ in uses)
+    sliced = _sliced_read(p.name, fused, computations or {})
+    if sliced is not None:
+      total += sliced if hbm_bytes(outer) else 0.0
     elif uses and all(u.opcode == "dynamic-update-slice" and k == 0 for u, k in uses):
       continue  # the buffer updated in place: counted with the result
     else:
@@ -451,7 +477,7 @@ def _instruction_traffic(instr, shapes, computations) -> float:
   sliced = _sliced_traffic(instr, shapes)
   if instr.opcode == "fusion" and _called(instr.attrs, "calls"):
     fused = computations.get(_called(instr.attrs, "calls")[0], [])
-    return _fusion_traffic(instr, shapes, fused)
+    return _fusion_traffic(instr, shapes, fused, computations)
   if sliced is not None:
     return sliced
   return sum(hbm_bytes(shapes.get(o, "")) for o in instr.operands) + hbm_bytes(instr.shape)

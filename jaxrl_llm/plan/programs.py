@@ -14,6 +14,7 @@ import math
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.experimental.layout import Format, Layout
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -217,7 +218,22 @@ def decode_program(run: Run, carry_shardings=None):
       )
 
   key = jax.ShapeDtypeStruct((), jax.eval_shape(lambda: jax.random.key(0)).dtype)
-  return jax.jit(decode_step, donate_argnums=1), (run.decode_params, carry, key)
+  # The KV cache in the layout the compiler picks for it, as inside the sampler's decode
+  # loop (compiled alone with the default layout, the step would convert it twice a step).
+  replicated = NamedSharding(run.decode_mesh, P())
+  sharding = lambda x: x.sharding if x.sharding is not None else replicated
+  auto = lambda x: Format(Layout.AUTO, sharding(x))
+  carry_formats = jax.tree.map(sharding, carry)
+  layers = jax.tree.map(auto, carry.cache.layers)
+  carry_formats = carry_formats._replace(cache=carry_formats.cache._replace(layers=layers))
+  params = jax.tree.map(sharding, run.decode_params)
+  step = jax.jit(
+    decode_step,
+    donate_argnums=1,
+    in_shardings=(params, carry_formats, replicated),
+    out_shardings=carry_formats,
+  )
+  return step, (run.decode_params, carry, key)
 
 
 def _kv(run: Run, x, row_axis: int):

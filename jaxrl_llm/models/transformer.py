@@ -251,30 +251,7 @@ class Attention(nnx.Module):
     k_BxLxKxH = apply_rope(self._project(x_BxLxD, "k", self.k_DxKxH, "k_bias_KxH"), rope)
     v_BxLxKxH = self._project(x_BxLxD, "v", self.v_DxKxH, "v_bias_KxH")
     v_BxKxLxH = v_BxLxKxH.transpose(0, 2, 1, 3)
-    if cache is None:
-      keys, v_BxKxSxH, new_cache = k_BxLxKxH.transpose(0, 2, 1, 3), v_BxKxLxH, None
-      scores_eq = "bkglh,bksh->bkgls"
-    elif cache.layer is not None:  # write into the stacked cache, then read this layer's
-      i = cache.layer
-      k_all = jax.lax.dynamic_update_slice(
-        cache.k_BxKxHxS, k_BxLxKxH.transpose(0, 2, 3, 1)[None].astype(dt), (i, 0, 0, 0, index)
-      )
-      v_all = jax.lax.dynamic_update_slice(
-        cache.v_BxKxSxH, v_BxKxLxH[None].astype(dt), (i, 0, 0, index, 0)
-      )
-      keys = jax.lax.dynamic_index_in_dim(k_all, i, keepdims=False)
-      v_BxKxSxH = jax.lax.dynamic_index_in_dim(v_all, i, keepdims=False)
-      new_cache = LayerCache(k_all, v_all)
-      scores_eq = "bkglh,bkhs->bkgls"
-    else:
-      keys = jax.lax.dynamic_update_slice(
-        cache.k_BxKxHxS, k_BxLxKxH.transpose(0, 2, 3, 1).astype(dt), (0, 0, 0, index)
-      )
-      v_BxKxSxH = jax.lax.dynamic_update_slice(
-        cache.v_BxKxSxH, v_BxKxLxH.astype(dt), (0, 0, index, 0)
-      )
-      new_cache = LayerCache(keys, v_BxKxSxH)
-      scores_eq = "bkglh,bkhs->bkgls"
+    keys, v_BxKxSxH, new_cache, scores_eq = _with_new_slots(cache, k_BxLxKxH, v_BxKxLxH, index, dt)
     K, G, H = cfg.num_kv_heads, cfg.num_heads // cfg.num_kv_heads, cfg.head_dim
     q_BxKxGxLxH = q_BxLxNxH.reshape(B, L, K, G, H).transpose(0, 2, 3, 1, 4)
     shared = cache is not None and cache.prompt_k is not None
@@ -316,6 +293,37 @@ class Attention(nnx.Module):
     if cfg.o_bias:
       y = y + self.o_bias_D[...].astype(dt)
     return y, new_cache
+
+
+def _with_new_slots(cache, k_BxLxKxH, v_BxKxLxH, index, dt):
+  """The keys and values a pass attends to, with its tokens written at slots `index ..` of
+  `cache` (when there is one), the updated cache, and the score contraction for their
+  layout: (keys, values, new cache, einsum equation)."""
+  if cache is None:
+    keys, v_BxKxSxH, new_cache = k_BxLxKxH.transpose(0, 2, 1, 3), v_BxKxLxH, None
+    scores_eq = "bkglh,bksh->bkgls"
+  elif cache.layer is not None:  # write into the stacked cache, then read this layer's
+    i = cache.layer
+    k_all = jax.lax.dynamic_update_slice(
+      cache.k_BxKxHxS, k_BxLxKxH.transpose(0, 2, 3, 1)[None].astype(dt), (i, 0, 0, 0, index)
+    )
+    v_all = jax.lax.dynamic_update_slice(
+      cache.v_BxKxSxH, v_BxKxLxH[None].astype(dt), (i, 0, 0, index, 0)
+    )
+    keys = jax.lax.dynamic_index_in_dim(k_all, i, keepdims=False)
+    v_BxKxSxH = jax.lax.dynamic_index_in_dim(v_all, i, keepdims=False)
+    new_cache = LayerCache(k_all, v_all)
+    scores_eq = "bkglh,bkhs->bkgls"
+  else:
+    keys = jax.lax.dynamic_update_slice(
+      cache.k_BxKxHxS, k_BxLxKxH.transpose(0, 2, 3, 1).astype(dt), (0, 0, 0, index)
+    )
+    v_BxKxSxH = jax.lax.dynamic_update_slice(
+      cache.v_BxKxSxH, v_BxKxLxH.astype(dt), (0, 0, index, 0)
+    )
+    new_cache = LayerCache(keys, v_BxKxSxH)
+    scores_eq = "bkglh,bkhs->bkgls"
+  return keys, v_BxKxSxH, new_cache, scores_eq
 
 
 def _shared_prompt(fn, x_BxKxQx, prompt_rows: int):

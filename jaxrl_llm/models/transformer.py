@@ -1,15 +1,15 @@
 """A decoder-only transformer of the Llama (2, 3, 3.1) and Qwen2/Qwen2.5 families, in Flax NNX.
 
-RMSNorm, rotary position embeddings (with Llama 3.1's scaling), grouped-query
+RMSNorm, rotary position embeddings (`rope.py`, with Llama 3.1's scaling), grouped-query
 attention with optional q/k/v(/o) biases, a SwiGLU MLP, tied or untied
 embeddings. Every parameter carries `logical_axes` metadata naming its axes
 (vocab, embed, heads, kv_heads, head_dim, mlp) for the sharding rules.
 
 The model is called on tokens `[B, L]` with explicit positions and an attention
 mask, so left-padded prompts get the right positions. For decoding it also takes
-and returns a `KVCache` of static shape: new keys and values are written at
-slots `index .. index + L - 1`, and each query attends to the earlier slots that
-hold real tokens.
+and returns a `KVCache` of static shape (`kv_cache.py`): new keys and values are written
+at slots `index .. index + L - 1`, and each query attends to the earlier slots that hold
+real tokens (and to its group's shared prompt, when the cache has one).
 
 Outside NNX the model is a pure function (see `apply`):
 
@@ -22,11 +22,13 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
+from jaxrl_llm.models import kv_cache
 from jaxrl_llm.models import lora as lora_lib
 from jaxrl_llm.models.config import REMAT_POLICIES, ModelConfig
+from jaxrl_llm.models.kv_cache import KVCache, LayerCache, init_cache, share_prompt
+from jaxrl_llm.models.rope import Rope, apply_rope, rope_inv_freq, rope_tables
 from jaxrl_llm.models.sharding import split_rows
 
 LOGICAL_AXES = ("layers", "vocab", "embed", "heads", "kv_heads", "head_dim", "mlp", "lora")
@@ -46,135 +48,6 @@ def _param(rngs, shape, dtype, axes, std=0.02):
 
 def _zeros(shape, dtype, axes):
   return nnx.Param(jnp.zeros(shape, dtype), logical_axes=axes)
-
-
-class LayerCache(NamedTuple):
-  """One layer's keys and values, kv-head-major. Keys are stored transposed (slots last), so
-  that a decode step's scores q @ k are a plain matmul over the cache as it lies in memory.
-
-  With a shared prompt (`share_prompt`), `prompt_k`/`prompt_v` hold one copy of each prompt's
-  keys and values, `[B/G, K, H, P]` and `[B/G, K, P, H]`, which its G rows all attend to;
-  the slots `k_BxKxHxS`/`v_BxKxSxH` then hold the rows' own tokens only."""
-
-  k_BxKxHxS: jax.Array
-  v_BxKxSxH: jax.Array
-  prompt_k: jax.Array | None = None
-  prompt_v: jax.Array | None = None
-  # With a layer index, `k_BxKxHxS`/`v_BxKxSxH` are every layer's, stacked, and this layer
-  # writes its new slots into them in place (a scanned model's decode step).
-  layer: jax.Array | None = None
-
-
-class KVCache(NamedTuple):
-  """Keys and values of every layer for S slots, which slots hold real tokens, and
-  the next slot to write. A pytree of static shape.
-
-  `layers` is a tuple of one `LayerCache` per layer, or, for a model with scanned layers,
-  one `LayerCache` whose arrays are stacked on a leading layer axis.
-  """
-
-  layers: tuple[LayerCache, ...] | LayerCache
-  mask_BxS: jax.Array
-  index: jax.Array
-  prompt_mask_BxP: jax.Array | None = None  # with a shared prompt: its real tokens, [B/G, P]
-
-  def map_rows(self, fn):
-    """The cache with `fn` (an op on a batch-major array) applied to every array's rows."""
-    per_layer = jax.vmap(fn) if isinstance(self.layers, LayerCache) else fn
-    return self._replace(layers=jax.tree.map(per_layer, self.layers), mask_BxS=fn(self.mask_BxS))
-
-
-def _with_prompt_of(layers, shared):
-  """`layers` with the prompt parts of `shared` (same structure) attached."""
-  attach = lambda c, s: c._replace(prompt_k=s.prompt_k, prompt_v=s.prompt_v)
-  if isinstance(layers, LayerCache):
-    return attach(layers, shared)
-  return tuple(attach(c, s) for c, s in zip(layers, shared, strict=True))
-
-
-def share_prompt(prompt_cache: KVCache, group_size: int, max_new_tokens: int) -> KVCache:
-  """A cache for `group_size` rows per row of `prompt_cache` (a prefilled prompt, one row per
-  prompt), in which the G rows of a prompt attend to its one copy of the prompt's keys and
-  values plus `max_new_tokens` slots of their own. Equal, up to float rounding, to repeating
-  the prompt's rows G times, at (G - 1)/G less of the prompt's KV memory."""
-  rows = prompt_cache.mask_BxS.shape[0] * group_size
-  stacked = isinstance(prompt_cache.layers, LayerCache)
-
-  def own(c):  # the completion slots of one layer's (or the stacked layers') cache
-    lead = c.k_BxKxHxS.shape[:-4] if stacked else ()
-    K, H = c.k_BxKxHxS.shape[-3], c.k_BxKxHxS.shape[-2]
-    dtype = c.k_BxKxHxS.dtype
-    return LayerCache(
-      jnp.zeros((*lead, rows, K, H, max_new_tokens), dtype),
-      jnp.zeros((*lead, rows, K, max_new_tokens, H), dtype),
-      prompt_k=c.k_BxKxHxS,
-      prompt_v=c.v_BxKxSxH,
-    )
-
-  layers = own(prompt_cache.layers) if stacked else tuple(map(own, prompt_cache.layers))
-  return KVCache(
-    layers,
-    jnp.zeros((rows, max_new_tokens), bool),
-    jnp.zeros((), jnp.int32),
-    prompt_mask_BxP=prompt_cache.mask_BxS,
-  )
-
-
-def init_cache(cfg: ModelConfig, batch_size: int, max_len: int, dtype=None) -> KVCache:
-  """An empty cache for `batch_size` rows and `max_len` slots (prompt + new tokens)."""
-  stack = (cfg.num_layers,) if cfg.scan_layers else ()
-  k_shape = (*stack, batch_size, cfg.num_kv_heads, cfg.head_dim, max_len)
-  v_shape = (*stack, batch_size, cfg.num_kv_heads, max_len, cfg.head_dim)
-  dtype = cfg.dtype if dtype is None else dtype
-  make = lambda: LayerCache(jnp.zeros(k_shape, dtype), jnp.zeros(v_shape, dtype))
-  layers = make() if cfg.scan_layers else tuple(make() for _ in range(cfg.num_layers))
-  return KVCache(layers, jnp.zeros((batch_size, max_len), bool), jnp.zeros((), jnp.int32))
-
-
-def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:
-  """Inverse frequencies theta^(-2i/d), with Llama 3.1's scaling when configured.
-
-  Llama 3.1 ("rope_type": "llama3") divides low frequencies (wavelength above
-  original_max_position / low_freq_factor) by `factor`, keeps high ones
-  (wavelength below original_max_position / high_freq_factor), and
-  interpolates linearly in 1/wavelength between them.
-  """
-  d = cfg.head_dim
-  inv_freq = 1.0 / (cfg.rope_theta ** (np.arange(0, d, 2, dtype=np.float32) / d))
-  s = cfg.rope_scaling
-  if s is None:
-    return inv_freq.astype(np.float32)
-  wavelen = 2 * np.pi / inv_freq
-  low_freq_wavelen = s.original_max_position_embeddings / s.low_freq_factor
-  high_freq_wavelen = s.original_max_position_embeddings / s.high_freq_factor
-  scaled = np.where(wavelen > low_freq_wavelen, inv_freq / s.factor, inv_freq)
-  smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor) / (
-    s.high_freq_factor - s.low_freq_factor
-  )
-  smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled
-  medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
-  return np.where(medium, smoothed, scaled).astype(np.float32)
-
-
-class Rope(NamedTuple):
-  """cos and sin of each token's rotary angles, computed once per forward pass."""
-
-  cos_BxLxF: jax.Array
-  sin_BxLxF: jax.Array
-
-
-def rope_tables(positions_BxL, inv_freq_F) -> Rope:
-  angles_BxLxF = positions_BxL[..., None].astype(jnp.float32) * inv_freq_F
-  return Rope(jnp.cos(angles_BxLxF), jnp.sin(angles_BxLxF))
-
-
-def apply_rope(x_BxLxNxH, rope: Rope):
-  """Rotates each (x_i, x_{i + H/2}) pair by angle position * inv_freq_i (the
-  "rotate half" layout that Hugging Face checkpoints use)."""
-  cos, sin = rope.cos_BxLxF[:, :, None, :], rope.sin_BxLxF[:, :, None, :]
-  x1, x2 = jnp.split(x_BxLxNxH.astype(jnp.float32), 2, axis=-1)
-  out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
-  return out.astype(x_BxLxNxH.dtype)
 
 
 def visibility(q_slot_L, key_valid_BxS):
@@ -251,7 +124,9 @@ class Attention(nnx.Module):
     k_BxLxKxH = apply_rope(self._project(x_BxLxD, "k", self.k_DxKxH, "k_bias_KxH"), rope)
     v_BxLxKxH = self._project(x_BxLxD, "v", self.v_DxKxH, "v_bias_KxH")
     v_BxKxLxH = v_BxLxKxH.transpose(0, 2, 1, 3)
-    keys, v_BxKxSxH, new_cache, scores_eq = _with_new_slots(cache, k_BxLxKxH, v_BxKxLxH, index, dt)
+    keys, v_BxKxSxH, new_cache, scores_eq = kv_cache.with_new_slots(
+      cache, k_BxLxKxH, v_BxKxLxH, index, dt
+    )
     K, G, H = cfg.num_kv_heads, cfg.num_heads // cfg.num_kv_heads, cfg.head_dim
     q_BxKxGxLxH = q_BxLxNxH.reshape(B, L, K, G, H).transpose(0, 2, 3, 1, 4)
     shared = cache is not None and cache.prompt_k is not None
@@ -293,37 +168,6 @@ class Attention(nnx.Module):
     if cfg.o_bias:
       y = y + self.o_bias_D[...].astype(dt)
     return y, new_cache
-
-
-def _with_new_slots(cache, k_BxLxKxH, v_BxKxLxH, index, dt):
-  """The keys and values a pass attends to, with its tokens written at slots `index ..` of
-  `cache` (when there is one), the updated cache, and the score contraction for their
-  layout: (keys, values, new cache, einsum equation)."""
-  if cache is None:
-    keys, v_BxKxSxH, new_cache = k_BxLxKxH.transpose(0, 2, 1, 3), v_BxKxLxH, None
-    scores_eq = "bkglh,bksh->bkgls"
-  elif cache.layer is not None:  # write into the stacked cache, then read this layer's
-    i = cache.layer
-    k_all = jax.lax.dynamic_update_slice(
-      cache.k_BxKxHxS, k_BxLxKxH.transpose(0, 2, 3, 1)[None].astype(dt), (i, 0, 0, 0, index)
-    )
-    v_all = jax.lax.dynamic_update_slice(
-      cache.v_BxKxSxH, v_BxKxLxH[None].astype(dt), (i, 0, 0, index, 0)
-    )
-    keys = jax.lax.dynamic_index_in_dim(k_all, i, keepdims=False)
-    v_BxKxSxH = jax.lax.dynamic_index_in_dim(v_all, i, keepdims=False)
-    new_cache = LayerCache(k_all, v_all)
-    scores_eq = "bkglh,bkhs->bkgls"
-  else:
-    keys = jax.lax.dynamic_update_slice(
-      cache.k_BxKxHxS, k_BxLxKxH.transpose(0, 2, 3, 1).astype(dt), (0, 0, 0, index)
-    )
-    v_BxKxSxH = jax.lax.dynamic_update_slice(
-      cache.v_BxKxSxH, v_BxKxLxH.astype(dt), (0, 0, index, 0)
-    )
-    new_cache = LayerCache(keys, v_BxKxSxH)
-    scores_eq = "bkglh,bkhs->bkgls"
-  return keys, v_BxKxSxH, new_cache, scores_eq
 
 
 def _shared_prompt(fn, x_BxKxQx, prompt_rows: int):
@@ -488,7 +332,7 @@ class Decoder(nnx.Module):
     visible = Visibility(cache.index + jnp.arange(L), key_valid_BxS, cache.prompt_mask_BxP)
     x, layers = self._blocks(x, rope, visible, cache.layers, cache.index)
     if cache.prompt_mask_BxP is not None:  # the prompt's parts pass through unchanged
-      layers = _with_prompt_of(layers, cache.layers)
+      layers = kv_cache.with_prompt_of(layers, cache.layers)
     new_cache = cache._replace(
       layers=layers, mask_BxS=key_valid_BxS, index=cache.index + tokens_BxL.shape[1]
     )

@@ -9,6 +9,7 @@ weights are loaded and nothing runs.
 """
 
 import dataclasses
+import functools
 import math
 
 import jax
@@ -21,7 +22,7 @@ from jax.sharding import PartitionSpec as P
 from jaxrl_llm.models import CausalLM, ModelConfig, ValueModel
 from jaxrl_llm.models.config import from_hf_config
 from jaxrl_llm.models.hf import read_config
-from jaxrl_llm.models.sharding import BATCH_AXES, batch_sharding, batch_size_divisor, rows_over
+from jaxrl_llm.models.sharding import batch_sharding, batch_size_divisor, rows_over
 from jaxrl_llm.models.transformer import LayerCache
 from jaxrl_llm.rollout import layout, sampler
 from jaxrl_llm.train import learner as learner_lib
@@ -130,7 +131,7 @@ def decode_copy(cfg: TrainConfig, mesh, model_cfg: ModelConfig, policy, hbm: int
     dmesh = layout.decode_mesh(mesh, tensor)
   except ValueError as e:
     raise ConfigError(f"config.rollout.tensor: {e}") from None
-  cast = jax.eval_shape(lambda p: layout._cast(p, model_cfg.dtype), policy)
+  cast = jax.eval_shape(functools.partial(layout.cast_weights, dtype=model_cfg.dtype), policy)
   return dmesh, state_lib.with_shardings(cast, layout.decode_shardings(cast, dmesh))
 
 
@@ -140,17 +141,8 @@ def device_bytes(tree) -> int:
   total = 0
   for x in jax.tree.leaves(tree):
     shape = x.sharding.shard_shape(x.shape) if x.sharding is not None else x.shape
-    total += -(-math.prod(shape) * _bits(x.dtype) // 8)
+    total += -(-math.prod(shape) * layout.dtype_bits(x.dtype) // 8)
   return total
-
-
-def _bits(dtype) -> int:
-  dtype = jnp.dtype(dtype)
-  if jnp.issubdtype(dtype, jnp.integer):
-    return jnp.iinfo(dtype).bits
-  if jnp.issubdtype(dtype, jnp.floating):
-    return jnp.finfo(dtype).bits
-  return 8 * dtype.itemsize
 
 
 def _sampling(run: Run):
@@ -237,14 +229,9 @@ def decode_program(run: Run, carry_shardings=None):
 
 
 def _kv(run: Run, x, row_axis: int):
-  """A KV-cache array as the sampler lays it out: rows over the decode mesh's batch axes
-  and KV heads over its tensor axis, each where it divides."""
-  mesh, spec = run.decode_mesh, [None] * x.ndim
-  if x.shape[row_axis] % batch_size_divisor(mesh) == 0:
-    spec[row_axis] = BATCH_AXES
-  if x.shape[row_axis + 1] % mesh.shape["tensor"] == 0:
-    spec[row_axis + 1] = "tensor"
-  return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(mesh, P(*spec)))
+  """A KV-cache array as the sampler lays it out (`sampler.kv_spec`)."""
+  spec = sampler.kv_spec(x.shape, row_axis, run.decode_mesh)
+  return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(run.decode_mesh, spec))
 
 
 def _batch(run: Run) -> step_lib.Batch:

@@ -15,9 +15,11 @@ and the logits' vocabulary shards). The KV cache follows: rows over `data`, KV h
 `tensor`.
 """
 
+import functools
 import math
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import qwix
 from flax import nnx
@@ -51,23 +53,20 @@ def decode_mesh(mesh: Mesh, tensor: int) -> Mesh:
   return Mesh(grid, MESH_AXES, axis_types=(AxisType.Auto,) * 3)
 
 
+def dtype_bits(dtype) -> int:
+  """Bits an element of `dtype` takes, 4 for int4 and nf4 (as accelerators pack them)."""
+  dtype = jnp.dtype(dtype)
+  if jnp.issubdtype(dtype, jnp.integer):
+    return jnp.iinfo(dtype).bits
+  if jnp.issubdtype(dtype, jnp.floating):
+    return jnp.finfo(dtype).bits
+  return 8 * dtype.itemsize
+
+
 def weight_bytes(params: nnx.State, dtype) -> int:
-  """Bytes of `params` in the decode copy: floating arrays in `dtype`, quantized ones as
-  they are (4-bit values count half a byte)."""
-  total = 0
-  for x in jax.tree.leaves(params):
-    if np.issubdtype(x.dtype, np.floating):
-      total += math.prod(x.shape) * np.dtype(dtype).itemsize
-    else:
-      total += -(-math.prod(x.shape) * _bits(x.dtype) // 8)
-  return total
-
-
-def _bits(dtype) -> int:
-  try:
-    return np.iinfo(dtype).bits
-  except ValueError:
-    return 8 * np.dtype(dtype).itemsize
+  """Bytes of `params`' decode copy (`cast_weights(params, dtype)`), all devices together."""
+  cast = jax.eval_shape(functools.partial(cast_weights, dtype=np.dtype(dtype)), params)
+  return sum(-(-math.prod(x.shape) * dtype_bits(x.dtype) // 8) for x in jax.tree.leaves(cast))
 
 
 def choose_tensor(mesh: Mesh, decode_weight_bytes: int, device_memory: int | None) -> int:
@@ -94,7 +93,10 @@ def decode_shardings(params: nnx.State, mesh: Mesh):
   return param_shardings(params, mesh, DECODE_RULES)
 
 
-def _cast(params, dtype):
+def cast_weights(params, dtype):
+  """`params` with every floating array in `dtype`; a quantized weight (`qwix.QArray`) stays
+  as it is stored (the layers dequantize it)."""
+
   def one(x):
     if isinstance(x, qwix.QArray) or not np.issubdtype(x.dtype, np.floating):
       return x
@@ -103,12 +105,16 @@ def _cast(params, dtype):
   return jax.tree.map(one, params, is_leaf=lambda x: isinstance(x, qwix.QArray))
 
 
+_cast_placed = jax.jit(cast_weights, static_argnames="dtype")  # where the arrays lie
+
+
 def to_decode_layout(params: nnx.State, mesh: Mesh, dtype) -> nnx.State:
   """A copy of `params` in `dtype` (floating arrays; quantized ones stay quantized) placed
   by `DECODE_RULES` on `mesh` (a decode mesh of the same devices). When every array is
   already so, `params` itself."""
+  dtype = np.dtype(dtype)
   shardings = decode_shardings(params, mesh)
-  cast = jax.eval_shape(lambda p: _cast(p, np.dtype(dtype)), params)
+  cast = jax.eval_shape(functools.partial(cast_weights, dtype=dtype), params)
   same = all(
     x.dtype == c.dtype
     and getattr(x, "sharding", None) is not None
@@ -120,5 +126,4 @@ def to_decode_layout(params: nnx.State, mesh: Mesh, dtype) -> nnx.State:
   if same:
     return params
   # Cast where the arrays lie, then move them: a device-to-device reshard.
-  cast = jax.jit(lambda p: _cast(p, np.dtype(dtype)))(params)
-  return jax.device_put(cast, shardings)
+  return jax.device_put(_cast_placed(params, dtype=dtype), shardings)

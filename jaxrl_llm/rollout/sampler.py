@@ -162,24 +162,31 @@ def decode_step(
   )
 
 
+def kv_spec(shape, row_axis: int, mesh) -> PartitionSpec:
+  """How the sampler lays out a KV-cache array of `shape` (`[.., rows, K, ...]`, rows at
+  `row_axis`) on `mesh`: rows over the batch axes and KV heads over `tensor`, each where it
+  divides."""
+  spec = [None] * len(shape)
+  if shape[row_axis] % batch_size_divisor(mesh) == 0:
+    spec[row_axis] = BATCH_AXES
+  if shape[row_axis + 1] % mesh.shape["tensor"] == 0:
+    spec[row_axis + 1] = "tensor"
+  return PartitionSpec(*spec)
+
+
 def split_cache(cache: KVCache) -> KVCache:
-  """`cache` constrained to the rows mesh's layout (within `rows_over`): rows over the batch
-  axes and KV heads over `tensor`, each where it divides (a shared prompt's rows too)."""
+  """`cache` constrained to `kv_spec` on the rows mesh (within `rows_over`; a shared
+  prompt's rows too)."""
   mesh = current_rows_mesh()
   if mesh is None:
     return cache
-  stacked = isinstance(cache.layers, LayerCache)
-
-  def place(x, row_axis):  # [.., rows, K, ...]
-    spec = [None] * x.ndim
-    if x.shape[row_axis] % batch_size_divisor(mesh) == 0:
-      spec[row_axis] = BATCH_AXES
-    if x.shape[row_axis + 1] % mesh.shape["tensor"] == 0:
-      spec[row_axis + 1] = "tensor"
-    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, PartitionSpec(*spec)))
-
-  layers = jax.tree.map(lambda x: place(x, 1 if stacked else 0), cache.layers)
-  return cache._replace(layers=layers, mask_BxS=split_rows(cache.mask_BxS))
+  row_axis = 1 if isinstance(cache.layers, LayerCache) else 0  # stacked: layers first
+  place = lambda x: jax.lax.with_sharding_constraint(
+    x, NamedSharding(mesh, kv_spec(x.shape, row_axis, mesh))
+  )
+  return cache._replace(
+    layers=jax.tree.map(place, cache.layers), mask_BxS=split_rows(cache.mask_BxS)
+  )
 
 
 def prefill(

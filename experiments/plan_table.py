@@ -6,6 +6,7 @@
       --targets v5e-8,h100x1                  # LoRA and QLoRA against full fine-tuning
   python -m experiments.plan_table --table lora
   python -m experiments.plan_table --out DIR ...  # rows into another results folder
+  python -m experiments.plan_table --table --compare experiments/results/plan/before_decode_layout
 
 Workload: experiments/configs/plan_grpo.py (GRPO with a reference model, 16 x 16 completions,
 512 + 2048 tokens, bf16 compute over float32 master weights, scanned layers, chunked
@@ -194,6 +195,32 @@ def _row(r: dict, finetune: str | None) -> str:
   )
 
 
+def compare(before: list[dict], now: list[dict], lora: bool = False) -> str:
+  """Markdown: each row's iteration estimate before and now, the factor, and whether it fits."""
+  key = lambda r: (r["model"], r["target"], r.get("finetune", "full"))
+  old = {key(r): r for r in before}
+  est = lambda r: (r.get("iteration") or {}).get("estimate_s")
+  lines = [
+    "| model | target | "
+    + ("fine-tuning | " if lora else "")
+    + "fits before -> now | est. iteration before -> now | lower by |",
+    "|---|---|" + ("---|" if lora else "") + "---|---|---|",
+  ]
+  for k, r in {key(r): r for r in now}.items():
+    b = old.get(k)
+    if b is None:
+      continue
+    e0, e1 = est(b), est(r)
+    seconds = lambda e: f"{e:.0f} s" if e else "-"
+    span = f"{seconds(e0)} -> {seconds(e1)}"
+    factor = f"{e0 / e1:.2f}x" if e0 and e1 else "-"
+    fits = f"{'yes' if b['fits'] else 'no'} -> {'yes' if r['fits'] else 'no'}"
+    lines.append(
+      f"| {k[0]} | {k[1]} | " + (f"{k[2]} | " if lora else "") + f"{fits} | {span} | {factor} |"
+    )
+  return "\n".join(lines)
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--models", default=",".join(MODELS))
@@ -203,13 +230,20 @@ def main():
     "--table", nargs="?", const="full", choices=["full", "lora"], help="print committed rows"
   )
   parser.add_argument("--out", default=str(OUT), help="the results folder")
+  parser.add_argument(
+    "--compare", default=None, help="with --table: a results folder to compare the rows against"
+  )
   args = parser.parse_args()
   out = Path(args.out)
   out.mkdir(parents=True, exist_ok=True)
   if args.table:
     name = "table.jsonl" if args.table == "full" else "lora_table.jsonl"
-    rows = [json.loads(line) for line in (out / name).read_text().splitlines()]
-    print(table(rows, lora=args.table == "lora"))
+    read = lambda folder: [json.loads(line) for line in (folder / name).read_text().splitlines()]
+    rows = read(out)
+    if args.compare:
+      print(compare(read(Path(args.compare)), rows, lora=args.table == "lora"))
+    else:
+      print(table(rows, lora=args.table == "lora"))
     return
   finetunes = args.finetune.split(",")
   lora = finetunes != ["full"]

@@ -313,21 +313,13 @@ def kv_bytes(cfg, prompts, group, P, N, shared: bool) -> int:
   return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * slots * itemsize
 
 
-def bench_groups(model, cfg, args) -> dict:
-  """GRPO's shape: few long prompts, many samples each. The sampler with each group sharing
-  one copy of its prompt's KV against the same sampler with the prompt repeated per row (the
-  layout before the shared cache), and `transformers.generate(num_return_sequences=G)`."""
-  rng = np.random.default_rng(1)
-  prompt = jnp.asarray(rng.integers(0, cfg.vocab_size, (GROUP_PROMPTS, GROUP_P)), jnp.int32)
-  lengths = rng.integers(GROUP_P // 2, GROUP_P + 1, GROUP_PROMPTS)
-  mask = jnp.asarray(np.arange(GROUP_P)[None, :] >= GROUP_P - lengths[:, None])
+def bench_shared_prompt(model, prompt, mask, group, new_tokens, repeats) -> dict:
+  """tokens/s and KV bytes of the sampler on `group` samples of each prompt, with each group
+  sharing one copy of its prompt's KV and with the prompt repeated per row (the layout before
+  the shared cache); no early stop."""
   graphdef, params = nnx.split(model)
-  rows = GROUP_PROMPTS * GROUP
-  out = {"prompts": GROUP_PROMPTS, "group": GROUP, "prompt_tokens": GROUP_P, "new_tokens": N}
-  print(
-    f"groups: {GROUP_PROMPTS} prompts of {GROUP_P} tokens (real lengths {lengths.tolist()}) x "
-    f"{GROUP} samples, {N} new tokens"
-  )
+  rows, P = prompt.shape[0] * group, prompt.shape[1]
+  out = {"prompts": prompt.shape[0], "group": group, "prompt_tokens": P, "new_tokens": new_tokens}
   for label, shared in (("shared prompt KV", True), ("prompt KV repeated per row", False)):
 
     def run(shared=shared):
@@ -337,19 +329,42 @@ def bench_groups(model, cfg, args) -> dict:
         mask,
         jax.random.key(0),
         params=params,
-        max_new_tokens=N,
-        num_samples=GROUP,
+        max_new_tokens=new_tokens,
+        num_samples=group,
         temperature=1.0,
         shared_prompt_kv=shared,
         trim=False,
       )
 
-    seconds = time_fn(run, repeats=args.repeats)
-    kv = kv_bytes(cfg, GROUP_PROMPTS, GROUP, GROUP_P, N, shared)
-    out[label] = {"tokens_per_s": rows * N / seconds, "seconds": seconds, "kv_bytes": kv}
-    print(f"  jaxrl_llm, {label}: {rows * N / seconds:8.0f} tokens/s, KV {kv / 2**20:.0f} MiB")
+    seconds = time_fn(run, repeats=repeats)
+    kv = kv_bytes(model.cfg, prompt.shape[0], group, P, new_tokens, shared)
+    tok_s = rows * new_tokens / seconds
+    out[label] = {"tokens_per_s": tok_s, "seconds": seconds, "kv_bytes": kv}
+    print(f"  jaxrl_llm, {label}: {tok_s:8.0f} tokens/s, KV {kv / 2**20:.1f} MiB")
   new, old = out["shared prompt KV"], out["prompt KV repeated per row"]
   out["speedup_shared_vs_repeated"] = new["tokens_per_s"] / old["tokens_per_s"]
+  print(f"  shared / repeated: {out['speedup_shared_vs_repeated']:.2f}x")
+  return out
+
+
+def fastest_working(hf: dict) -> float | None:
+  """The best tokens/s among the transformers settings that ran."""
+  working = [hf[k]["tokens_per_s"] for k in TRANSFORMERS_CACHES if "error" not in hf[k]]
+  return max(working) if working else None
+
+
+def bench_groups(model, cfg, args) -> dict:
+  """GRPO's shape: few long prompts, many samples each (`bench_shared_prompt`), and
+  `transformers.generate(num_return_sequences=G)` with each cache."""
+  rng = np.random.default_rng(1)
+  prompt = jnp.asarray(rng.integers(0, cfg.vocab_size, (GROUP_PROMPTS, GROUP_P)), jnp.int32)
+  lengths = rng.integers(GROUP_P // 2, GROUP_P + 1, GROUP_PROMPTS)
+  mask = jnp.asarray(np.arange(GROUP_P)[None, :] >= GROUP_P - lengths[:, None])
+  print(
+    f"groups: {GROUP_PROMPTS} prompts of {GROUP_P} tokens (real lengths {lengths.tolist()}) x "
+    f"{GROUP} samples, {N} new tokens"
+  )
+  out = bench_shared_prompt(model, prompt, mask, GROUP, N, args.repeats)
   if importlib.util.find_spec("torch") and importlib.util.find_spec("transformers"):
     with tempfile.TemporaryDirectory() as model_dir:
       save_model(model, model_dir)
@@ -363,13 +378,13 @@ def bench_groups(model, cfg, args) -> dict:
         device=args.torch_device,
       )
     out["transformers"] = hf
-    working = [hf[k]["tokens_per_s"] for k in TRANSFORMERS_CACHES if "error" not in hf[k]]
     for label in TRANSFORMERS_CACHES:
       r = hf[label]
       print(f"  transformers, {label}: " + (r.get("error") or f"{r['tokens_per_s']:8.0f} tokens/s"))
-    if working:
-      out["speedup_vs_transformers_fastest"] = new["tokens_per_s"] / max(working)
-  print(f"  shared / repeated: {out['speedup_shared_vs_repeated']:.2f}x")
+    if fastest_working(hf):
+      out["speedup_vs_transformers_fastest"] = out["shared prompt KV"][
+        "tokens_per_s"
+      ] / fastest_working(hf)
   return out
 
 

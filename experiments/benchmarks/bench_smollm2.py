@@ -9,7 +9,9 @@ when that directory is missing. Prompts are two-digit additions in the recipe's 
 
 - sampler: 16 prompts (left-padded to 64), 64 new tokens at temperature 1 with no early stop.
   Peers: `transformers.generate` with its dynamic cache, its static cache and the static cache
-  under `torch.compile`, and tunix's `Sampler`.
+  under `torch.compile`, and tunix's `Sampler`. Then GRPO's shape, 2 of the prompts x 8 samples:
+  the sampler with each group sharing one copy of its prompt's KV and with the prompt repeated
+  per row, and `transformers.generate(num_return_sequences=8)`.
 - grpo: one iteration of 8 prompts x 4 completions x up to 64 tokens (stopping at
   <|im_end|>), exact-match reward, beta 0.04 (k3 KL in the loss), lr 1e-6, one optimizer step
   per generation batch. jaxrl_llm runs its real training loop; TRL's GRPOTrainer runs without
@@ -49,6 +51,7 @@ from jaxrl_llm.rewards import exact_match  # noqa: E402
 from jaxrl_llm.train import from_config_dict, train  # noqa: E402
 
 SAMPLER_B, SAMPLER_P, SAMPLER_N = 16, 64, 64
+GROUP_PROMPTS, GROUP_SAMPLES = 2, 8  # the grouped sampler run: 2 prompts x 8 samples
 PROMPTS, G, N, BETA, LR = 8, 4, 64, 0.04, 1e-6
 WARMUP = 1
 THREADS = (1, 2)
@@ -127,7 +130,31 @@ def bench_sampler_part(model_dir: Path, tok, repeats: int, tunix: str | None) ->
       out = bench_sampler.bench_tunix(tunix, qwen2, prompt, mask, "float32", repeats)
     results |= {"tunix": out, "speedup_vs_tunix": ours / out["tokens_per_s"]}
     print(f"{out['peer']}: {out['tokens_per_s']:.0f} tokens/s -> {ours / out['tokens_per_s']:.2f}x")
+  results["groups"] = groups_part(model, model_dir, prompt, mask, repeats)
   return results
+
+
+def groups_part(model, model_dir: Path, prompt, mask, repeats: int) -> dict:
+  """GRPO's shape on the real model: the first GROUP_PROMPTS chat prompts x GROUP samples,
+  the sampler with its shared prompt KV and with the prompt repeated per row, and
+  `transformers.generate(num_return_sequences=GROUP)` at each cache and thread setting."""
+  prompt, mask = prompt[:GROUP_PROMPTS], mask[:GROUP_PROMPTS]
+  print(f"groups: {GROUP_PROMPTS} chat prompts x {GROUP_SAMPLES} samples, {SAMPLER_N} new tokens")
+  out = bench_sampler.bench_shared_prompt(model, prompt, mask, GROUP_SAMPLES, SAMPLER_N, repeats)
+  if importlib.util.find_spec("transformers"):
+    best = {}
+    for n in THREADS:
+      torch_threads(n)
+      hf = bench_sampler.bench_transformers(
+        str(model_dir), jnp.float32, prompt, mask, repeats, num_return_sequences=GROUP_SAMPLES
+      )
+      out[f"transformers_{n}_threads"] = hf
+      best[f"{n} torch threads"] = bench_sampler.fastest_working(hf) or 0.0
+      print(f"  transformers at {n} torch threads: {best[f'{n} torch threads']:.0f} tokens/s")
+    ours = out["shared prompt KV"]["tokens_per_s"]
+    out["speedup_vs_transformers_fastest"] = ours / max(best.values())
+    print(f"  -> {out['speedup_vs_transformers_fastest']:.2f}x transformers at its fastest")
+  return out
 
 
 def grpo_config(model_dir: Path, steps: int, workdir: str):

@@ -94,11 +94,14 @@ def decode_shardings(params: nnx.State, mesh: Mesh):
 
 
 def cast_weights(params, dtype):
-  """`params` with every floating array in `dtype`; a quantized weight (`qwix.QArray`) stays
-  as it is stored (the layers dequantize it)."""
+  """`params` with every floating array in `dtype` and every quantized weight (a QLoRA base's
+  `qwix.QArray`) dequantized into `dtype`, as each layer would do on every call
+  (`lora.weight`), so a decode step reads plain weights and computes the same numbers."""
 
   def one(x):
-    if isinstance(x, qwix.QArray) or not np.issubdtype(x.dtype, np.floating):
+    if isinstance(x, qwix.QArray):
+      return qwix.dequantize(x).astype(dtype)
+    if not np.issubdtype(x.dtype, np.floating):
       return x
     return x.astype(dtype)
 
@@ -109,13 +112,12 @@ _cast_placed = jax.jit(cast_weights, static_argnames="dtype")  # where the array
 
 
 def to_decode_layout(params: nnx.State, mesh: Mesh, dtype) -> nnx.State:
-  """A copy of `params` in `dtype` (floating arrays; quantized ones stay quantized) placed
-  by `DECODE_RULES` on `mesh` (a decode mesh of the same devices). When every array is
-  already so, `params` itself."""
+  """A copy of `params` in `dtype` (`cast_weights`) placed by `DECODE_RULES` on `mesh` (a
+  decode mesh of the same devices). When every array is already so, `params` itself."""
   dtype = np.dtype(dtype)
-  shardings = decode_shardings(params, mesh)
   cast = jax.eval_shape(functools.partial(cast_weights, dtype=dtype), params)
-  same = all(
+  shardings = decode_shardings(cast, mesh)
+  same = jax.tree.structure(cast) == jax.tree.structure(params) and all(
     x.dtype == c.dtype
     and getattr(x, "sharding", None) is not None
     and x.sharding.is_equivalent_to(s, x.ndim)

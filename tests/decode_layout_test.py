@@ -12,8 +12,8 @@ from flax import nnx
 
 from jaxrl_llm import core
 from jaxrl_llm.models import load_model
+from jaxrl_llm.models.kv_cache import init_cache, share_prompt
 from jaxrl_llm.models.sharding import make_mesh, param_shardings, shard_params
-from jaxrl_llm.models.transformer import init_cache, share_prompt
 from jaxrl_llm.rollout import generate, layout, sampler
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -22,8 +22,8 @@ from jax.sharding import PartitionSpec as P
 from jaxrl_llm.models import CausalLM, ModelConfig, ValueModel
 from jaxrl_llm.models.config import from_hf_config
 from jaxrl_llm.models.hf import read_config
+from jaxrl_llm.models.kv_cache import LayerCache
 from jaxrl_llm.models.sharding import batch_sharding, batch_size_divisor, rows_over
-from jaxrl_llm.models.transformer import LayerCache
 from jaxrl_llm.rollout import layout, sampler
 from jaxrl_llm.train import learner as learner_lib
 from jaxrl_llm.train import state as state_lib

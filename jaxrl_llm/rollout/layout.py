@@ -113,19 +113,31 @@ _cast_placed = jax.jit(cast_weights, static_argnames="dtype")  # where the array
 
 def to_decode_layout(params: nnx.State, mesh: Mesh, dtype) -> nnx.State:
   """A copy of `params` in `dtype` (`cast_weights`) placed by `DECODE_RULES` on `mesh` (a
-  decode mesh of the same devices). When every array is already so, `params` itself."""
+  decode mesh of the same devices). When every array is already so, `params` itself (the
+  check is cached by the arrays' shapes, dtypes and shardings: it runs on every call)."""
   dtype = np.dtype(dtype)
-  cast = jax.eval_shape(functools.partial(cast_weights, dtype=dtype), params)
-  shardings = decode_shardings(cast, mesh)
-  same = jax.tree.structure(cast) == jax.tree.structure(params) and all(
-    x.dtype == c.dtype
-    and getattr(x, "sharding", None) is not None
-    and x.sharding.is_equivalent_to(s, x.ndim)
-    for x, c, s in zip(
-      jax.tree.leaves(params), jax.tree.leaves(cast), jax.tree.leaves(shardings), strict=True
-    )
-  )
-  if same:
+  leaves, treedef = jax.tree.flatten(params)
+  placed = tuple((x.shape, x.dtype, getattr(x, "sharding", None)) for x in leaves)
+  if _in_decode_layout(treedef, placed, mesh, dtype):
     return params
   # Cast where the arrays lie, then move them: a device-to-device reshard.
-  return jax.device_put(_cast_placed(params, dtype=dtype), shardings)
+  cast = jax.eval_shape(functools.partial(cast_weights, dtype=dtype), params)
+  return jax.device_put(_cast_placed(params, dtype=dtype), decode_shardings(cast, mesh))
+
+
+@functools.lru_cache(maxsize=64)
+def _in_decode_layout(treedef, placed, mesh: Mesh, dtype) -> bool:
+  """Whether arrays of these shapes, dtypes and shardings are their own decode copy."""
+  if any(sharding is None for _, _, sharding in placed):
+    return False
+  params = jax.tree.unflatten(
+    treedef, [jax.ShapeDtypeStruct(shape, dt, sharding=sh) for shape, dt, sh in placed]
+  )
+  cast = jax.eval_shape(functools.partial(cast_weights, dtype=dtype), params)
+  if jax.tree.structure(cast) != treedef:
+    return False
+  shardings = jax.tree.leaves(decode_shardings(cast, mesh))
+  return all(
+    dt == c.dtype and sh.is_equivalent_to(s, len(shape))
+    for (shape, dt, sh), c, s in zip(placed, jax.tree.leaves(cast), shardings, strict=True)
+  )

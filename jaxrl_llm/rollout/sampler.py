@@ -16,6 +16,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
+from jaxrl_llm.models.kv_cache import KVCache, LayerCache, init_cache, share_prompt
 from jaxrl_llm.models.sharding import (
   BATCH_AXES,
   batch_size_divisor,
@@ -23,13 +24,7 @@ from jaxrl_llm.models.sharding import (
   rows_over,
   split_rows,
 )
-from jaxrl_llm.models.transformer import (
-  KVCache,
-  LayerCache,
-  init_cache,
-  positions_from_mask,
-  share_prompt,
-)
+from jaxrl_llm.models.transformer import positions_from_mask
 from jaxrl_llm.rollout import layout
 
 

@@ -127,6 +127,7 @@ class Learner:
     self.state = None
     self._base_fingerprint = None
     self._decode_copy = None  # (decode mesh, the params' arrays, their decode-layout copy)
+    self._decode_tensor = {}  # mesh -> rollout.tensor's default on it
     self._experience, self._update = jitted_steps(
       cfg, mesh, self.policy_def, self.critic_def, self.optimizers, self.base_def
     )
@@ -263,11 +264,14 @@ class Learner:
   def decode_mesh(self, mesh):
     """The sampler's decode mesh over `mesh`'s devices (see `rollout.layout`)."""
     tensor = self.cfg.rollout.tensor
-    if not tensor:
-      weights = layout.weight_bytes(
-        self.policy if self.state is None else self.state.policy, self.model_cfg.dtype
-      )
-      tensor = layout.choose_tensor(mesh, weights, layout.device_memory(mesh))
+    if not tensor:  # the weights' bytes never change: chosen once per mesh
+      tensor = self._decode_tensor.get(mesh)
+      if tensor is None:
+        weights = layout.weight_bytes(
+          self.policy if self.state is None else self.state.policy, self.model_cfg.dtype
+        )
+        tensor = layout.choose_tensor(mesh, weights, layout.device_memory(mesh))
+        self._decode_tensor[mesh] = tensor
     return layout.decode_mesh(mesh, tensor)
 
   def decode_params(self, params, decode_mesh):

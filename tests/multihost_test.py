@@ -130,12 +130,14 @@ def test_two_processes_equal_one_process_with_8_devices(tmp_path):
 @pytest.mark.slow
 def test_async_sampler_mesh_spanning_two_processes(tmp_path):
   """Async mode across 2 processes x 4 devices: the sampler takes 2 devices of each
-  process (a 4-device mesh over both), the trainer the other 4; the run equals the same
-  async run in one process with 8 devices."""
+  process (a 4-device mesh over both) and decodes with its heads split over all 4
+  (rollout.tensor=4: tensor-parallel across the processes), the trainer takes the other 4;
+  the run equals the same async run in one process with 8 devices."""
   settings = {
     "mesh.fsdp": 2,
     "rollout.mode": "async",
     "rollout.sampler_devices": 4,
+    "rollout.tensor": 4,
     "rollout.off_policy_steps": 1,
     "algo.correction": "token_tis",
     "run.steps": 2,

@@ -83,8 +83,10 @@ def choose_tensor(mesh: Mesh, decode_weight_bytes: int, device_memory: int | Non
 
 
 def device_memory(mesh: Mesh) -> int | None:
-  """A device's memory in bytes, where its backend says (not on CPU)."""
-  stats = getattr(mesh.devices.flat[0], "memory_stats", lambda: None)()
+  """A device's memory in bytes, where its backend says (not on CPU); the same on every
+  process (each asks one of its own devices: the mesh's devices are of one kind)."""
+  device = next(d for d in mesh.devices.flat if d.process_index == jax.process_index())
+  stats = getattr(device, "memory_stats", lambda: None)()
   return None if not stats else stats.get("bytes_limit")
 
 
@@ -108,7 +110,16 @@ def cast_weights(params, dtype):
   return jax.tree.map(one, params, is_leaf=lambda x: isinstance(x, qwix.QArray))
 
 
-_cast_placed = jax.jit(cast_weights, static_argnames="dtype")  # where the arrays lie
+def _cast_to(params, *, dtype, shardings):
+  leaves, treedef = jax.tree.flatten(shardings)
+  return _caster(dtype, treedef, tuple(leaves))(params)
+
+
+@functools.lru_cache(maxsize=16)
+def _caster(dtype, treedef, shardings):
+  """`cast_weights` jitted to place its result by `shardings` (flattened by `treedef`)."""
+  out = jax.tree.unflatten(treedef, shardings)
+  return jax.jit(functools.partial(cast_weights, dtype=dtype), out_shardings=out)
 
 
 def to_decode_layout(params: nnx.State, mesh: Mesh, dtype) -> nnx.State:
@@ -120,9 +131,10 @@ def to_decode_layout(params: nnx.State, mesh: Mesh, dtype) -> nnx.State:
   placed = tuple((x.shape, x.dtype, getattr(x, "sharding", None)) for x in leaves)
   if _in_decode_layout(treedef, placed, mesh, dtype):
     return params
-  # Cast where the arrays lie, then move them: a device-to-device reshard.
+  # One program casts and reshards (its collectives span every process of a multi-host
+  # mesh, where a device_put between processes could not).
   cast = jax.eval_shape(functools.partial(cast_weights, dtype=dtype), params)
-  return jax.device_put(_cast_placed(params, dtype=dtype), decode_shardings(cast, mesh))
+  return _cast_to(params, dtype=dtype, shardings=decode_shardings(cast, mesh))
 
 
 @functools.lru_cache(maxsize=64)

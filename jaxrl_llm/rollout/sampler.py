@@ -417,9 +417,7 @@ def generate(
     mesh: a (data, fsdp, tensor) mesh the params and prompts are on. The sampler decodes on
       its decode mesh (`layout.decode_mesh(mesh, tensor)`: rows over devices / tensor row
       groups, heads and MLP columns over `tensor`) with the weights in the decode layout
-      (`layout.to_decode_layout`: a copy, unless they are placed so already). With several
-      processes the sampler decodes on `mesh` itself, with the params as they are (the
-      decode layout is single-process for now).
+      (`layout.to_decode_layout`: a copy, unless they are placed so already).
     tensor: the decode mesh's tensor axis (default: the mesh's own).
     max_rows: at most this many rows decode at once: the prompts go in waves of
       max_rows // num_samples, each with its own KV cache, and the samples equal one wave's
@@ -430,7 +428,7 @@ def generate(
     shared_prompt_kv: the G samples of a prompt attend to one copy of its KV (see `prefill`).
   """
   graphdef, params = nnx.split(model) if params is None else (model, params)
-  if mesh is not None and jax.process_count() == 1:  # several processes: the mesh as it is
+  if mesh is not None:
     mesh = layout.decode_mesh(mesh, tensor or mesh.shape["tensor"])
     params = layout.to_decode_layout(params, mesh, nnx.merge(graphdef, params).cfg.dtype)
   per_wave = prompts_per_wave(prompt_BxP.shape[0], num_samples, max_rows)

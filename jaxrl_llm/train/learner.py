@@ -262,10 +262,7 @@ class Learner:
     )
 
   def decode_mesh(self, mesh):
-    """The sampler's decode mesh over `mesh`'s devices (see `rollout.layout`); with several
-    processes, `mesh` itself (the decode layout is single-process for now)."""
-    if jax.process_count() > 1:
-      return mesh
+    """The sampler's decode mesh over `mesh`'s devices (see `rollout.layout`)."""
     tensor = self.cfg.rollout.tensor
     if not tensor:  # the weights' bytes never change: chosen once per mesh
       tensor = self._decode_tensor.get(mesh)
@@ -281,8 +278,6 @@ class Learner:
     """`params` in the decode layout on `decode_mesh`: made once per version of the params
     (the last copy is kept, so the turns of an episode and the batches of an evaluation
     reuse it, and replaced when they change; it holds the params by weak reference)."""
-    if jax.process_count() > 1:
-      return params
     leaves = jax.tree.leaves(params)
     cached = self._decode_copy
     if cached is not None and cached[0] == decode_mesh and len(cached[1]) == len(leaves):

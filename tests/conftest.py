@@ -9,9 +9,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import jax  # noqa: E402
 
 # No persistent compilation cache unless the caller sets one (JAX_COMPILATION_CACHE_DIR):
-# executables that XLA:CPU read back from it crashed this long-lived process (a segfault in
-# a later compile or cache read, some 650 tests in), and without it the suite took about as
-# long (899 s against some 820 s with it, up to the crash).
+# the suite takes about as long without it (899 s against some 820 s with it).
 jax.config.update("jax_num_cpu_devices", 8)
 jax.config.update("jax_platforms", "cpu")
 
@@ -32,6 +30,22 @@ class DataMesh:
 
   def replicate(self, x):
     return jax.tree.map(lambda a: jax.device_put(a, NamedSharding(self.mesh, P())), x)
+
+
+def _memory_maps() -> int:
+  with open("/proc/self/maps", "rb") as f:
+    return sum(1 for _ in f)
+
+
+@pytest.fixture(autouse=True)
+def _bounded_executables():
+  """Drops JAX's compiled programs once the process holds many memory maps. Every XLA:CPU
+  executable keeps a few maps for its code, and the suite compiles tens of thousands of
+  programs (each eager op is one): a process past the kernel's vm.max_map_count (65530)
+  crashes inside the next compile (a segfault or an abort, some 650 tests in)."""
+  yield
+  if os.path.exists("/proc/self/maps") and _memory_maps() > 30_000:
+    jax.clear_caches()
 
 
 @pytest.fixture(scope="session")

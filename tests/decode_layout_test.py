@@ -13,8 +13,13 @@ from flax import nnx
 from jaxrl_llm import core
 from jaxrl_llm.models import load_model
 from jaxrl_llm.models.kv_cache import init_cache, share_prompt
-from jaxrl_llm.models.sharding import make_mesh, param_shardings, shard_params
-from jaxrl_llm.rollout import generate, layout, sampler
+from jaxrl_llm.models.sharding import (
+  batch_size_divisor,
+  make_mesh,
+  param_shardings,
+  shard_params,
+)
+from jaxrl_llm.rollout import engine, generate, layout, sampler
 
 FIXTURES = Path(__file__).parent / "fixtures"
 COLLECTIVE = re.compile(
@@ -42,21 +47,24 @@ def _fsdp(model):
 
 
 def _collectives(graphdef, params, mesh, prompt, mask):
-  """(kind, result shape) of every collective in the compiled sampler program."""
-  kw = dict(
-    max_new_tokens=6, num_samples=4, sampling=(1.0, None, None), pad_id=0, shared_prompt_kv=True
-  )
-  lowered = sampler._generate.lower(
+  """(kind, result shape) of every collective in the compiled engine's program."""
+  B, G = prompt.shape[0], 4
+  lay = engine.layout(B, prompt.shape[1], G, 6, batch_size_divisor(mesh))
+  lowered = engine._run.lower(
     graphdef,
     params,
     prompt,
     mask,
     jax.random.key(0),
     jnp.asarray([7], jnp.int32),
-    mesh=mesh,
-    per_wave=prompt.shape[0],
+    jnp.asarray(0, jnp.int32),
+    lay=lay,
+    waves=1,
+    keep=B * G,
+    sampling=(1.0, None, None),
+    pad_id=0,
     cache_dtype=None,
-    **kw,
+    mesh=mesh,
   )
   text = lowered.compile().as_text()
   out = []
@@ -214,9 +222,9 @@ def test_a_group_shares_one_copy_of_its_prompt_kv(model):
   assert kv_bytes(repeated) == Bp * G * (P + N) * per_slot
 
 
-def test_the_repeated_prompt_layout_gives_the_same_samples(model):
+def test_the_static_samplers_repeated_prompt_layout_gives_the_same_samples(model):
   prompt, mask = _prompts(3)
-  kw = dict(max_new_tokens=8, num_samples=4, temperature=1.0, eos_ids=(7,))
+  kw = dict(max_new_tokens=8, num_samples=4, temperature=1.0, eos_ids=(7,), static=True)
   shared = generate(model, prompt, mask, jax.random.key(4), **kw)
   repeated = generate(model, prompt, mask, jax.random.key(4), shared_prompt_kv=False, **kw)
   np.testing.assert_array_equal(shared.tokens_BxN, repeated.tokens_BxN)

@@ -15,7 +15,7 @@ from jaxrl_llm import core
 from jaxrl_llm.envs import ENVIRONMENTS, EnvSpec, register_environment
 from jaxrl_llm.models import load_tokenizer
 from jaxrl_llm.rollout import episodes as episodes_lib
-from jaxrl_llm.rollout import sampler as sampler_lib
+from jaxrl_llm.rollout import turns as turns_lib
 from jaxrl_llm.train import ConfigError, train
 from jaxrl_llm.train import loop as loop_lib
 from jaxrl_llm.train import step as step_lib
@@ -104,11 +104,12 @@ def test_sampler_log_probs_equal_teacher_forced_over_the_interleaved_sequence(tm
 
 def test_no_recompilation_after_the_first_iteration(tmp_path):
   cfg, job, runner, _ = _episodes(tmp_path)
-  compiled = sampler_lib._generate._cache_size()
+  compiled = turns_lib._start._cache_size(), turns_lib._resume._cache_size()
+  assert compiled == (1, 1)
   for seed in (2, 3):
     examples = job.task.draw("train", cfg.batch_size, seed, "task.train_examples")
     runner.play(examples, job.learner.state.policy, jax.random.key(seed), 1.0)
-  assert sampler_lib._generate._cache_size() == compiled
+  assert (turns_lib._start._cache_size(), turns_lib._resume._cache_size()) == compiled
 
 
 ESTIMATORS = ["grpo", "rloo", "dr_grpo", "gae", "reinforce_plus_plus"]

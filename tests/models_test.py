@@ -18,12 +18,12 @@ from jaxrl_llm.models import (
   ValueModel,
   apply,
   completion_hidden,
+  contract,
   init_cache,
   load_model,
   logical_axes,
   positions_from_mask,
   save_model,
-  transformer,
 )
 from jaxrl_llm.models.transformer import LOGICAL_AXES
 
@@ -157,12 +157,12 @@ def test_one_query_product_sum_equals_the_matmul(equation, a_shape, b_shape):
   ka, kb = jax.random.split(jax.random.key(0))
   a = jax.random.normal(ka, a_shape).astype(jnp.bfloat16)
   b = jax.random.normal(kb, b_shape).astype(jnp.bfloat16)
-  got = transformer._product_sum(equation, a, b)
+  got = contract.product_sum(equation, a, b)
   want = jnp.einsum(equation, a, b, preferred_element_type=jnp.float32)
   assert got.dtype == want.dtype == jnp.float32
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6, atol=1e-6)
   with pytest.raises(ValueError, match="no product-sum"):
-    transformer._product_sum("bkgls,bkhs->bkglh", a, b)
+    contract.product_sum("bkgls,bkhs->bkglh", a, b)
 
 
 def test_shared_prompt_forward_equals_one_prompt_per_row():

@@ -10,7 +10,8 @@ from jaxrl_llm import core
 from jaxrl_llm.models import load_model
 from jaxrl_llm.models.sharding import make_mesh, shard_params
 from jaxrl_llm.rollout import generate, process_logits
-from jaxrl_llm.rollout.sampler import _drop_padding_columns, _invert_cdf, sample_from_logprobs
+from jaxrl_llm.rollout.sampler import _drop_padding_columns
+from jaxrl_llm.rollout.sampling import _invert_cdf, sample_from_logprobs
 
 FIXTURES = Path(__file__).parent / "fixtures"
 NAMES = ["qwen2_untied", "qwen2_tied", "llama3"]

@@ -24,15 +24,15 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxrl_llm.models import kv_cache
+from jaxrl_llm.models import kv_cache, paged
 from jaxrl_llm.models import lora as lora_lib
 from jaxrl_llm.models.config import REMAT_POLICIES, ModelConfig
+from jaxrl_llm.models.contract import MASKED, contract
 from jaxrl_llm.models.kv_cache import KVCache, LayerCache, init_cache, share_prompt
 from jaxrl_llm.models.rope import Rope, apply_rope, rope_inv_freq, rope_tables
 from jaxrl_llm.models.sharding import split_rows
 
 LOGICAL_AXES = ("layers", "vocab", "embed", "heads", "kv_heads", "head_dim", "mlp", "lora")
-_MASKED = -1e30  # finite, so a query row with no visible key gives no NaN
 
 
 def matmul(x_BxLxI, w_IxO):
@@ -117,12 +117,17 @@ class Attention(nnx.Module):
       y = y + getattr(self, bias_name)[...].astype(dt)
     return y
 
-  def __call__(self, x_BxLxD, rope: Rope, visible: Visibility, cache=None, index=None):
+  def __call__(self, x_BxLxD, rope: Rope, visible, cache=None, index=None):
+    """`visible`: a `Visibility`, or with a paged cache (`paged.PagedLayer`) its
+    `paged.PagedView`."""
     cfg, dt = self.cfg, self.cfg.dtype
     B, L, _ = x_BxLxD.shape
     q_BxLxNxH = apply_rope(self._project(x_BxLxD, "q", self.q_DxNxH, "q_bias_NxH"), rope)
     k_BxLxKxH = apply_rope(self._project(x_BxLxD, "k", self.k_DxKxH, "k_bias_KxH"), rope)
     v_BxLxKxH = self._project(x_BxLxD, "v", self.v_DxKxH, "v_bias_KxH")
+    if isinstance(cache, paged.PagedLayer):
+      out, new_cache = paged.attention(q_BxLxNxH, k_BxLxKxH, v_BxLxKxH, cache, visible, dt)
+      return self._output(out.reshape(B, L, -1)), new_cache
     v_BxKxLxH = v_BxLxKxH.transpose(0, 2, 1, 3)
     keys, v_BxKxSxH, new_cache, scores_eq = kv_cache.with_new_slots(
       cache, k_BxLxKxH, v_BxKxLxH, index, dt
@@ -132,26 +137,26 @@ class Attention(nnx.Module):
     shared = cache is not None and cache.prompt_k is not None
 
     def attend(q_BxKxGxCxH, q_slot_C):
-      scores = _contract(scores_eq, q_BxKxGxCxH, keys)
+      scores = contract(scores_eq, q_BxKxGxCxH, keys)
       visible_BxCxS = visible.mask(q_slot_C)
-      scores = jnp.where(visible_BxCxS[:, None, None], scores * H**-0.5, _MASKED)
+      scores = jnp.where(visible_BxCxS[:, None, None], scores * H**-0.5, MASKED)
       if not shared:
         probs = jax.nn.softmax(scores, axis=-1).astype(dt)
-        return _contract("bkgls,bksh->bkglh", probs, v_BxKxSxH).astype(dt)
+        return contract("bkgls,bksh->bkglh", probs, v_BxKxSxH).astype(dt)
       # The prompt's slots come first, as in an unshared cache: one softmax over both parts.
       Bp = cache.prompt_k.shape[0]
       prompt_scores = _shared_prompt(
-        lambda q: _contract("bkglh,bkhs->bkgls", q, cache.prompt_k), q_BxKxGxCxH, Bp
+        lambda q: contract("bkglh,bkhs->bkgls", q, cache.prompt_k), q_BxKxGxCxH, Bp
       )
       prompt_scores = jnp.where(
-        _rows_of(visible.prompt_valid_BxP, B)[:, None, None, None], prompt_scores * H**-0.5, _MASKED
+        _rows_of(visible.prompt_valid_BxP, B)[:, None, None, None], prompt_scores * H**-0.5, MASKED
       )
       P = prompt_scores.shape[-1]
       probs = jax.nn.softmax(jnp.concatenate([prompt_scores, scores], -1), axis=-1).astype(dt)
       from_prompt = _shared_prompt(
-        lambda p: _contract("bkgls,bksh->bkglh", p, cache.prompt_v), probs[..., :P], Bp
+        lambda p: contract("bkgls,bksh->bkglh", p, cache.prompt_v), probs[..., :P], Bp
       )
-      return (from_prompt + _contract("bkgls,bksh->bkglh", probs[..., P:], v_BxKxSxH)).astype(dt)
+      return (from_prompt + contract("bkgls,bksh->bkglh", probs[..., P:], v_BxKxSxH)).astype(dt)
 
     chunk = cfg.attention_chunk
     if chunk and L > chunk:
@@ -159,6 +164,11 @@ class Attention(nnx.Module):
     else:
       out_BxKxGxLxH = attend(q_BxKxGxLxH, visible.q_slot_L)
     out_BxLxNH = out_BxKxGxLxH.transpose(0, 3, 1, 2, 4).reshape(B, L, cfg.num_heads * H)
+    return self._output(out_BxLxNH), new_cache
+
+  def _output(self, out_BxLxNH):
+    """The output projection of the heads' concatenated outputs."""
+    cfg, dt = self.cfg, self.cfg.dtype
     # As a 2-D matmul with the weight's own [N*H, D] view: the 3-D contraction made XLA's CPU
     # backend transpose the weight on every call.
     y = matmul(out_BxLxNH, lora_lib.weight(self.o_NxHxD, dt).reshape(-1, cfg.hidden_size))
@@ -167,7 +177,7 @@ class Attention(nnx.Module):
       y = y + adapter
     if cfg.o_bias:
       y = y + self.o_bias_D[...].astype(dt)
-    return y, new_cache
+    return y
 
 
 def _shared_prompt(fn, x_BxKxQx, prompt_rows: int):
@@ -185,32 +195,6 @@ def _shared_prompt(fn, x_BxKxQx, prompt_rows: int):
 def _rows_of(prompt_BpxP, rows):
   """A per-prompt array's rows repeated for the `rows // Bp` rows of each prompt."""
   return jnp.repeat(prompt_BpxP, rows // prompt_BpxP.shape[0], axis=0)
-
-
-def _contract(equation, a, b):
-  """`einsum(equation, a, b)` in float32. With one query slot (a decode step) on CPU it is
-  `_product_sum`: XLA's CPU backend ran the batched matmul over `B x K` tiny matrices several
-  times slower. Other backends keep the matmul, which reads the bfloat16 cache as it lies
-  (with the product-sum the TPU compiler wrote a float32 copy of every layer's cache on
-  every step)."""
-  einsum = lambda a, b: jnp.einsum(equation, a, b, preferred_element_type=jnp.float32)
-  if a.shape[-2] != 1:
-    return einsum(a, b)
-  product_sum = functools.partial(_product_sum, equation)
-  return jax.lax.platform_dependent(a, b, cpu=product_sum, default=einsum)
-
-
-def _product_sum(equation, a, b):
-  """`_contract`'s three one-query contractions as a product and a sum in float32, which XLA
-  fuses into one loop."""
-  a32, b32 = a.astype(jnp.float32), b.astype(jnp.float32)
-  if equation == "bkglh,bkhs->bkgls":  # b is the cache's [B, K, H, S] keys
-    return jnp.sum(a32[..., :, :, None] * b32[:, :, None, None], axis=-2)
-  if equation == "bkglh,bksh->bkgls":
-    return jnp.sum(a32[..., :, None, :] * b32[:, :, None, None], axis=-1)
-  if equation == "bkgls,bksh->bkglh":  # probabilities times values
-    return jnp.sum(a32[..., :, :, None] * b32[:, :, None, None], axis=-2)
-  raise ValueError(f"no product-sum for {equation!r}")
 
 
 def _in_query_chunks(attend, q_BxKxGxLxH, q_slot_L, chunk):
@@ -305,7 +289,7 @@ class Decoder(nnx.Module):
       self.layers = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
     self.norm = RMSNorm(cfg.hidden_size, cfg)
 
-  def __call__(self, tokens_BxL, positions_BxL=None, mask_BxL=None, cache: KVCache | None = None):
+  def __call__(self, tokens_BxL, positions_BxL=None, mask_BxL=None, cache=None):
     """Final hidden states `[B, L, D]` (in `cfg.dtype`) and the updated cache (or None).
 
     Args:
@@ -313,7 +297,9 @@ class Decoder(nnx.Module):
       positions_BxL: RoPE positions; by default `positions_from_mask(mask_BxL)`.
         Required with a cache (the rows' positions continue from the prompt).
       mask_BxL: 1 on real tokens, 0 on padding (default: all 1).
-      cache: a `KVCache`; the tokens are written at slots `cache.index ..`.
+      cache: a `KVCache`, whose slots `cache.index ..` the tokens are written at; or a
+        `paged.PagedCache`, whose view says where they go and what each one sees (the
+        mask is then unused).
     """
     if tokens_BxL.ndim != 2:
       raise ValueError(f"tokens must be [B, L], got shape {tokens_BxL.shape}.")
@@ -325,6 +311,9 @@ class Decoder(nnx.Module):
     rope = rope_tables(positions_BxL, jnp.asarray(rope_inv_freq(self.cfg)))
     x = split_rows(self.embed_VxD[...].astype(self.cfg.dtype)[tokens_BxL])
     L = tokens_BxL.shape[1]
+    if isinstance(cache, paged.PagedCache):  # the view says what is written and seen
+      x, layers = self._blocks(x, rope, cache.view, cache.layers)
+      return self.norm(x), cache._replace(layers=layers)
     if cache is None:
       x, _ = self._blocks(x, rope, Visibility(jnp.arange(L), mask_BxL))
       return self.norm(x), None
@@ -347,6 +336,8 @@ class Decoder(nnx.Module):
     def block_fn(graphdef, x, params, layer_cache):
       return nnx.merge(graphdef, params)(x, rope, visible, layer_cache, index)
 
+    if self.cfg.scan_layers and isinstance(layer_caches, paged.PagedLayer):
+      return self._scan_paged(block_fn, x_BxLxD, layer_caches)
     if self.cfg.scan_layers and layer_caches is not None and x_BxLxD.shape[1] == 1:
       return self._scan_in_place(block_fn, x_BxLxD, layer_caches)
     if self.cfg.scan_layers:
@@ -385,6 +376,20 @@ class Decoder(nnx.Module):
     start = (x_BxLxD, layer_caches.k_BxKxHxS, layer_caches.v_BxKxSxH, jnp.zeros((), jnp.int32))
     (x, k_all, v_all, _), _ = jax.lax.scan(body, start, (params, *shared))
     return x, LayerCache(k_all, v_all)
+
+  def _scan_paged(self, block_fn, x_BxLxD, pools: paged.PagedLayer):
+    """A pass through the stacked layers over paged pools, which ride in the scan's carry
+    and each layer writes in place (see `_scan_in_place`)."""
+    graphdef, params = nnx.split(self.layers)
+
+    def body(carry, layer_params):
+      x, k_all, v_all, i = carry
+      x, new = block_fn(graphdef, x, layer_params, paged.PagedLayer(k_all, v_all, layer=i))
+      return (x, new.k_KxPxTxH, new.v_KxPxTxH, i + 1), None
+
+    start = (x_BxLxD, pools.k_KxPxTxH, pools.v_KxPxTxH, jnp.zeros((), jnp.int32))
+    (x, k_all, v_all, _), _ = jax.lax.scan(body, start, params)
+    return x, paged.PagedLayer(k_all, v_all)
 
 
 def completion_hidden(

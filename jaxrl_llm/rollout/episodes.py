@@ -11,14 +11,15 @@ after the prompt, the model's turns and the environment's replies interleaved:
   behav_logp_BxN   the sampler's log-prob of each model token (0 elsewhere)
   token_rewards    each turn's reward on that turn's last model token
 
-A turn is one call of the jitted sampler on the whole context so far, left-padded to one
-width (`task.prompt_length + env.max_tokens`) for every turn, with `rollout.max_new_tokens`
-new tokens at most and stopping at an end-of-turn id or the environment's stop tags
-(`EnvSpec.stop`): every turn of every step runs the same compiled program. The context is
-kept as token ids, never re-tokenised, so the trainer's teacher-forced log-probs of the
-whole interleaved sequence are the sampler's on the model's tokens (to float rounding).
-An episode ends when the environment says so, after `env.max_turns` model turns, or when
-the next reply would not leave room for a model token in `env.max_tokens` (truncated).
+Turns are decoded by the rollout engine (`rollout/turns.py`): each episode keeps its slot and
+its KV pages from its first prompt to its end; a turn stops at an end-of-turn id or the
+environment's stop tags (`EnvSpec.stop`) or after `rollout.max_new_tokens` tokens, and the
+next turn starts by prefilling only the tokens the pages lack (the turn's last token and the
+environment's reply). The context is kept as token ids, never re-tokenised, so the trainer's
+teacher-forced log-probs of the whole interleaved sequence are the sampler's on the model's
+tokens (to float rounding). An episode ends when the environment says so, after
+`env.max_turns` model turns, or when the next reply would not leave room for a model token in
+`env.max_tokens` (truncated).
 """
 
 import math
@@ -174,7 +175,6 @@ class EpisodeRunner:
         stops.append(ids[0])
     self.end_ids = tuple(sorted(set(learner.eos_ids)))
     self.stop_ids = tuple(sorted(set(self.end_ids) | set(stops)))
-    self.width = cfg.task.prompt_length + cfg.env.max_tokens
 
   def make(self):
     return self.spec.make(**self.kwargs)
@@ -193,19 +193,18 @@ class EpisodeRunner:
       rows.append(_Row(env, prompt))
     return rows
 
-  def _generate(self, rows, params, rng, temperature):
-    contexts = [r.prompt + r.tokens for r in rows]
-    batch = left_pad(contexts, self.width, self.task.tokenizer.pad_id)
-    out = self.learner.generate(
-      params,
-      *self.learner.shard_batch((batch.tokens_BxP, batch.mask_BxP)),
-      rng,
-      num_samples=1,
-      temperature=temperature,
-      eos_ids=self.stop_ids,
-      trim=False,
-    )
-    return (hosts.to_local(x) for x in (out.tokens_BxN, out.mask_BxN, out.logprobs_BxN))
+  def _continuations(self, rows, context) -> tuple:
+    """Each live row's tokens that its pages lack (the last turn's last token and the
+    environment's reply), left-aligned in one width, their counts, and the finished rows."""
+    width = -(-(self.cfg.env.max_tokens + 1) // self.cfg.rollout.prefill_chunk)
+    width *= self.cfg.rollout.prefill_chunk
+    tokens = np.full((len(rows), width), self.task.tokenizer.pad_id, np.int32)
+    n = np.zeros(len(rows), np.int32)
+    for i, row in enumerate(rows):
+      if not row.done:
+        new = (row.prompt + row.tokens)[int(context[i]) :]
+        tokens[i, : len(new)], n[i] = new, len(new)
+    return tokens, n, np.array([r.done for r in rows])
 
   def _turn(self, row: _Row, example, ids, logp) -> None:
     """Appends a model turn, steps the environment, and appends its reply (or ends)."""
@@ -233,17 +232,32 @@ class EpisodeRunner:
     row.extend(reply, False)
 
   def play(self, examples, params, rng, temperature) -> Episodes:
-    """One episode per example (this process's rows), every turn batched."""
-    rows, steps = self._start(examples), []
-    for turn in range(self.cfg.env.max_turns):
-      if not hosts.any_process(any(not r.done for r in rows)):  # every process alike
-        break
-      tokens, mask, logp = self._generate(rows, params, jax.random.fold_in(rng, turn), temperature)
+    """One episode per example (this process's rows), every turn batched: each episode keeps
+    its slot and KV pages in the engine from its first prompt to its end."""
+    rows, steps, learner = self._start(examples), [], self.learner
+    first = left_pad(
+      [r.prompt for r in rows], self.cfg.task.prompt_length, self.task.tokenizer.pad_id
+    )
+    decoder = learner.turn_decoder(
+      params,
+      len(rows) * jax.process_count(),
+      first.tokens_BxP.shape[1],
+      self.cfg.env.max_tokens,
+      temperature,
+      self.stop_ids,
+    )
+    turn = decoder.start(*learner.shard_batch((first.tokens_BxP, first.mask_BxP)), rng)
+    for number in range(1, self.cfg.env.max_turns + 1):
+      tokens, mask, logp, context = (hosts.to_local(x) for x in (*turn.out[:3], turn.context_B))
       steps.append(int(hosts.global_max(int(mask.sum(-1).max()))))
       for i, row in enumerate(rows):
         if not row.done:
           n = int(mask[i].sum())
           self._turn(row, examples[i], [int(t) for t in tokens[i, :n]], logp[i, :n])
+      if number == self.cfg.env.max_turns or not hosts.any_process(any(not r.done for r in rows)):
+        break
+      new = learner.shard_batch(self._continuations(rows, context))
+      turn = decoder.resume(*new, jax.random.fold_in(rng, number))
     return self._arrays(rows, steps)
 
   def _arrays(self, rows: list[_Row], steps) -> Episodes:
@@ -368,8 +382,12 @@ class EpisodeProducer:
       "staleness_mean": 0.0,
       "staleness_max": 0.0,
     }
-    # each turn prefills every row (not each group's prompt once): as G x wider prompts
-    rounds = [(self.runner.width * G, steps) for steps in ep.decode_steps]
+    # every episode's first prompt is prefilled once (not once per group: G x wider prompts),
+    # then each turn decodes (the replies' prefill FLOPs are left out: a few tokens a turn)
+    rounds = [
+      (cfg.task.prompt_length * G if i == 0 else 0, steps)
+      for i, steps in enumerate(ep.decode_steps)
+    ]
     return Rollout(batch, stats, rounds)
 
   def updated(self, step: int) -> None:

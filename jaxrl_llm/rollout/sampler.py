@@ -25,90 +25,8 @@ from jaxrl_llm.models.sharding import (
   split_rows,
 )
 from jaxrl_llm.models.transformer import positions_from_mask
-from jaxrl_llm.rollout import layout
-
-
-class SampleOutput(NamedTuple):
-  """What `generate` returns; rows are group-major (row i*G + g is sample g of prompt i).
-
-  tokens_BxN: sampled ids; `pad_id` after a row's first EOS.
-  mask_BxN: True up to and including the first EOS.
-  logprobs_BxN: float32 log-prob of each sampled token under the distribution it was
-    drawn from (0 where the mask is False); see `process_logits`.
-  lengths_B: number of completion tokens (the EOS included).
-  truncated_B: True where the row hit `max_new_tokens` without an EOS.
-  """
-
-  tokens_BxN: jax.Array
-  mask_BxN: jax.Array
-  logprobs_BxN: jax.Array
-  lengths_B: jax.Array
-  truncated_B: jax.Array
-
-
-def process_logits(logits_BxV, temperature, top_k=None, top_p=None):
-  """The log-probabilities that sampling draws from, float32 `[B, V]`.
-
-    z = logits / temperature;  keep the top_k largest, then the smallest set of
-    most likely tokens whose probability reaches top_p;  log_softmax over the kept set
-
-  So with top-k or top-p, a sampled token's log-prob is under the truncated and
-  renormalised distribution, which is what the behaviour policy really was, and
-  differs from `core.token_logprobs(logits, temperature)` (the full softmax) that
-  a trainer recomputes; without them the two agree. Temperature 0 means greedy:
-  the argmax is taken, and its log-prob is reported at temperature 1.
-  """
-  z = logits_BxV.astype(jnp.float32) / (1.0 if temperature == 0 else temperature)
-  if top_k is not None:
-    kth_B1 = jax.lax.top_k(z, top_k)[0][:, -1:]
-    z = jnp.where(z < kth_B1, -jnp.inf, z)
-  if top_p is not None:
-    sorted_BxV = jnp.sort(z, axis=-1)[:, ::-1]
-    probs_BxV = jax.nn.softmax(sorted_BxV, axis=-1)
-    mass_before_BxV = jnp.cumsum(probs_BxV, axis=-1) - probs_BxV
-    keep_BxV = mass_before_BxV < top_p  # the most likely token always stays
-    threshold_B1 = jnp.min(jnp.where(keep_BxV, sorted_BxV, jnp.inf), axis=-1, keepdims=True)
-    z = jnp.where(z < threshold_B1, -jnp.inf, z)
-  return jax.nn.log_softmax(z, axis=-1)
-
-
-def _invert_cdf(cdf_BxV, target_Bx1, probs_BxV):
-  """Index of the first entry whose cumulative sum exceeds `target`, never one of
-  probability 0 (rounding can leave the target at or above the last sum)."""
-  V = cdf_BxV.shape[-1]
-  index_B = jnp.sum(cdf_BxV <= target_Bx1, axis=-1)
-  last_positive_B = V - 1 - jnp.argmax(probs_BxV[:, ::-1] > 0, axis=-1)
-  return jnp.minimum(index_B, last_positive_B)
-
-
-def sample_from_logprobs(key, logp_BxV, block: int = 128, *, row_offset=0, rows_total=None):
-  """One draw per row from exp(logp), by inverting the CDF with a single uniform per row.
-
-  Exact like `jax.random.categorical`, but it draws B random numbers instead of the
-  B x V Gumbel variates, which dominate a decode step's sampling cost on CPU. A large
-  vocabulary (over 8 blocks) is inverted in two levels: over the summed probabilities of
-  blocks of `block` tokens, then within the chosen block, so each row takes V/block + block
-  running sums instead of V. Tokens of probability 0 (cut by top-k/top-p) are never drawn.
-  The B rows may be rows `row_offset ..` of a batch of `rows_total` (a wave of it): the
-  uniforms are then that batch's, so a row draws the same number in any wave.
-  """
-  probs_BxV = jnp.exp(logp_BxV)
-  B, V = probs_BxV.shape
-  u_Bx1 = jax.random.uniform(key, (rows_total or B, 1))
-  if rows_total is not None:  # threefry is partitionable: row r's number is the same at any size
-    u_Bx1 = jax.lax.dynamic_slice_in_dim(u_Bx1, row_offset, B)
-  if V <= 8 * block:
-    cdf_BxV = jnp.cumsum(probs_BxV, axis=-1)
-    return _invert_cdf(cdf_BxV, u_Bx1 * cdf_BxV[:, -1:], probs_BxV)
-  blocks_BxKxC = jnp.pad(probs_BxV, ((0, 0), (0, -V % block))).reshape(B, -1, block)
-  mass_BxK = blocks_BxKxC.sum(-1)
-  cdf_BxK = jnp.cumsum(mass_BxK, axis=-1)
-  target_Bx1 = u_Bx1 * cdf_BxK[:, -1:]
-  k_B = _invert_cdf(cdf_BxK, target_Bx1, mass_BxK)
-  before_Bx1 = jnp.take_along_axis(cdf_BxK - mass_BxK, k_B[:, None], axis=-1)
-  chosen_BxC = jnp.take_along_axis(blocks_BxKxC, k_B[:, None, None], axis=1)[:, 0]
-  cdf_BxC = before_Bx1 + jnp.cumsum(chosen_BxC, axis=-1)
-  return k_B * block + _invert_cdf(cdf_BxC, target_Bx1, chosen_BxC)
+from jaxrl_llm.rollout import engine, layout
+from jaxrl_llm.rollout.sampling import SampleOutput, process_logits, sample_from_logprobs
 
 
 class DecodeCarry(NamedTuple):
@@ -397,8 +315,13 @@ def generate(
   max_rows: int = 0,
   cache_dtype=None,
   trim: bool = True,
+  decode_slots: int = 0,
+  page_size: int = 16,
+  prefill_chunk: int = 512,
+  static: bool = False,
   shared_prompt_kv: bool = True,
-) -> SampleOutput:
+  with_stats: bool = False,
+):
   """Samples `num_samples` completions of every left-padded prompt. (Long on purpose: the
   public entry point, each of its arguments documented here.)
 
@@ -406,7 +329,8 @@ def generate(
     model: a `CausalLM`, or its graphdef (then pass `params=`).
     prompt_BxP: left-padded prompt ids; each row needs at least one real token.
     prompt_mask_BxP: 1 on real prompt tokens.
-    rng: a `jax.random.key`; the same key gives the same samples, on any mesh.
+    rng: a `jax.random.key`; the same key gives the same samples, on any mesh, with any
+      slot count, page size or waves.
     max_new_tokens: N, the completion buffer's length.
     temperature: > 0 samples from softmax(logits / temperature); 0 is greedy.
     top_k, top_p: optional truncation of the sampling distribution.
@@ -420,37 +344,62 @@ def generate(
       (`layout.to_decode_layout`: a copy, unless they are placed so already).
     tensor: the decode mesh's tensor axis (default: the mesh's own).
     max_rows: at most this many rows decode at once: the prompts go in waves of
-      max_rows // num_samples, each with its own KV cache, and the samples equal one wave's
-      (0: one wave).
+      max_rows // num_samples (0: one wave).
     cache_dtype: KV cache dtype (default: the model's compute dtype).
     trim: drop columns of padding in every row (a few widths compile); False keeps the
       width, so one program serves every call of that shape.
-    shared_prompt_kv: the G samples of a prompt attend to one copy of its KV (see `prefill`).
+    decode_slots, page_size, prefill_chunk: the engine's slots (0: one per row), tokens per
+      KV page and prompt tokens per prefill pass (`rollout/engine.py`).
+    static: decode with the static sampler instead (every row in the batch until the
+      longest ends, each row's KV in P + N slots): kept as the baseline the engine is
+      measured against (`bench_sampler`, `bench_smollm2`, the planner's comparison rows).
+    shared_prompt_kv: the static sampler's G samples attend to one copy of their prompt's
+      KV (see `prefill`); False repeats it per row.
+    with_stats: also return the engine's `engine.Stats` (None from the static sampler).
   """
+  if not (shared_prompt_kv or static):
+    raise ValueError(
+      "shared_prompt_kv=False is the static sampler's layout (static=True); the engine's rows "
+      "always share their prompt's pages."
+    )
   graphdef, params = nnx.split(model) if params is None else (model, params)
   if mesh is not None:
     mesh = layout.decode_mesh(mesh, tensor or mesh.shape["tensor"])
     params = layout.to_decode_layout(params, mesh, nnx.merge(graphdef, params).cfg.dtype)
   per_wave = prompts_per_wave(prompt_BxP.shape[0], num_samples, max_rows)
-  sampling = (temperature, top_k, top_p)
+  sampling = (float(temperature), top_k, top_p)
   _check_arguments(
     prompt_BxP, prompt_mask_BxP, max_new_tokens, num_samples, sampling, mesh, per_wave
   )
   if trim:
     prompt_BxP, prompt_mask_BxP = _drop_padding_columns(prompt_BxP, prompt_mask_BxP)
-  return _generate(
+  kw = dict(max_new_tokens=max_new_tokens, num_samples=num_samples, sampling=sampling)
+  kw.update(pad_id=pad_id, cache_dtype=cache_dtype, mesh=mesh)
+  eos = jnp.asarray(eos_ids, jnp.int32).reshape(-1)
+  if static:
+    prompt = jnp.asarray(prompt_BxP, jnp.int32), jnp.asarray(prompt_mask_BxP)
+    out = _generate(
+      graphdef,
+      params,
+      *prompt,
+      rng,
+      eos,
+      per_wave=per_wave,
+      shared_prompt_kv=shared_prompt_kv,
+      **kw,
+    )
+    return (out, None) if with_stats else out
+  out, stats = engine.run(
     graphdef,
     params,
-    jnp.asarray(prompt_BxP, jnp.int32),
-    jnp.asarray(prompt_mask_BxP),
+    prompt_BxP,
+    prompt_mask_BxP,
     rng,
-    jnp.asarray(eos_ids, jnp.int32).reshape(-1),
-    max_new_tokens=max_new_tokens,
-    num_samples=num_samples,
-    sampling=(float(temperature), top_k, top_p),
-    pad_id=pad_id,
-    cache_dtype=cache_dtype,
-    mesh=mesh,
+    eos,
+    decode_slots=decode_slots,
+    page_size=page_size,
+    prefill_chunk=prefill_chunk,
     per_wave=per_wave,
-    shared_prompt_kv=shared_prompt_kv,
+    **kw,
   )
+  return (out, stats) if with_stats else out

@@ -214,6 +214,14 @@ class RolloutSection:
   # Rows (prompts x group_size) decoded at once; a rollout with more goes in waves of
   # max_rows // group_size prompts, with the same samples. 0: one wave.
   max_rows: int = at_least(0, 0)
+  # The rollout engine (rollout/engine.py) decodes a wave's rows in `decode_slots` slots in
+  # all (a row that ends frees its slot for the next waiting row; 0: one slot per row; a
+  # multiple of the decode mesh's row groups, devices / tensor), keeps their keys and values
+  # in pages of `page_size` tokens, and prefills each prompt once, `prefill_chunk` tokens
+  # per pass. None of them changes a sample.
+  decode_slots: int = at_least(0, 0)
+  page_size: int = at_least(16, 1)
+  prefill_chunk: int = at_least(512, 1)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -19,8 +19,13 @@ from jaxrl_llm.models import (
   load_model,
 )
 from jaxrl_llm.models import lora as lora_lib
-from jaxrl_llm.models.sharding import DEFAULT_RULES, ShardingRules, param_shardings
-from jaxrl_llm.rollout import SampleOutput, generate, layout
+from jaxrl_llm.models.sharding import (
+  DEFAULT_RULES,
+  ShardingRules,
+  batch_size_divisor,
+  param_shardings,
+)
+from jaxrl_llm.rollout import SampleOutput, generate, layout, turns
 from jaxrl_llm.train import state as state_lib
 from jaxrl_llm.train import step as step_lib
 from jaxrl_llm.train.checkpoint import fingerprint
@@ -251,14 +256,47 @@ class Learner:
       params=self.decode_params(params, mesh),
       mesh=mesh,
       max_rows=r.max_rows,
+      decode_slots=r.decode_slots,
+      page_size=r.page_size,
+      prefill_chunk=r.prefill_chunk,
       max_new_tokens=max_new_tokens or r.max_new_tokens,
-      temperature=temperature,
-      top_k=(r.top_k or None) if temperature else None,
-      top_p=(None if r.top_p == 1.0 else r.top_p) if temperature else None,
+      **dict(zip(("temperature", "top_k", "top_p"), self.sampling(temperature), strict=True)),
       eos_ids=self.eos_ids if eos_ids is None else eos_ids,
       num_samples=num_samples,
       pad_id=self.pad_id,
       trim=trim,
+    )
+
+  def sampling(self, temperature) -> tuple:
+    """(temperature, top_k, top_p) as the sampler takes them: the config's truncation, none
+    when greedy."""
+    r = self.cfg.rollout
+    top_k = (r.top_k or None) if temperature else None
+    return float(temperature), top_k, (None if r.top_p == 1.0 else r.top_p) if temperature else None
+
+  def turn_decoder(self, params, num_rows, prompt_width, episode_tokens, temperature, eos_ids):
+    """A multi-turn decoder (`rollout.turns.Decoder`) of `num_rows` episodes from `params` on
+    the learner's decode mesh: each episode keeps its slot and KV pages across its turns."""
+    r = self.cfg.rollout
+    graphdef = self.base_def if self.state is None else self.policy_def
+    mesh = self.decode_mesh(self.mesh)
+    lay = turns.layout(
+      num_rows,
+      prompt_width,
+      r.max_new_tokens,
+      episode_tokens,
+      batch_size_divisor(mesh),
+      page_size=r.page_size,
+      prefill_chunk=r.prefill_chunk,
+    )
+    return turns.Decoder(
+      graphdef,
+      self.decode_params(params, mesh),
+      lay,
+      sampling=self.sampling(temperature),
+      eos_ids=eos_ids,
+      pad_id=self.pad_id,
+      mesh=mesh,
     )
 
   def decode_mesh(self, mesh):

@@ -479,6 +479,11 @@ def check_devices(cfg: TrainConfig, num_devices: int, *, prompt_stream: bool = T
     f"(devices / rollout.tensor); use a multiple of {math.lcm(r.group_size, row_groups)}.",
   )
   _check(
+    not r.decode_slots or r.mode == "async" or r.decode_slots % row_groups == 0,
+    f"config.rollout.decode_slots={r.decode_slots} must split over the decode mesh's "
+    f"{row_groups} row groups (devices / rollout.tensor); use a multiple of {row_groups}.",
+  )
+  _check(
     not prompt_stream or cfg.rollout.prompts_per_step % shards == 0,
     f"config.rollout.prompts_per_step={cfg.rollout.prompts_per_step} does not split over "
     f"mesh data x fsdp = {shards} devices (each takes its share of a step's prompts); "

@@ -137,6 +137,68 @@ def plan_row(model: str, target_name: str, finetune: str = "full") -> dict:
   return report
 
 
+def engine_row(committed: dict) -> dict:
+  """The rollout engine's decode step for a committed row, at that row's settings (mesh,
+  micro-batch rows, remat, log-prob chunk, fine-tuning): its figures (`plan.engine_figures`,
+  completions of N/2 tokens on average), with the iteration estimated from the row's own
+  prefill, experience and update."""
+  model, target_name = committed["model"], committed["target"]
+  finetune = committed.get("finetune", "full")
+  target = plan_lib.resolve(target_name)
+  devices = plan_lib.target_devices(target)
+  start = time.perf_counter()
+  log = lambda line: print(f"[{model} {target_name} {finetune}] {line}", flush=True)
+  cfg = config(
+    model,
+    target.devices,
+    committed["micro_batch_rows"],
+    committed["remat"],
+    committed.get("logprob_chunk_tokens", CHUNK),
+    finetune,
+  )
+  run = programs_lib.abstract_run(
+    cfg, plan_lib.run_mesh(cfg, devices), programs_lib.model_config(cfg), target.chip.hbm_bytes
+  )
+  figures = plan_lib.engine_figures(run, committed["programs"], target, log=log)
+  static = (committed.get("iteration") or {}).get("estimate_s")
+  return {
+    "model": model,
+    "target": target_name,
+    "finetune": finetune,
+    "engine": figures,
+    "static_decode": (committed.get("iteration") or {}).get("decode"),
+    "static_estimate_s": static,
+    "compile_s": round(time.perf_counter() - start, 1),
+    "machine": machine(),
+  }
+
+
+def engine_table(rows: list[dict]) -> str:
+  """Markdown: each row's engine decode step against the static sampler's."""
+  lines = [
+    "| model | target | fine-tuning | slots | engine step / its roofline "
+    "| engine tokens/s per chip | static step / its roofline | static tokens/s per chip "
+    "| est. iteration: static -> engine | engine peak per chip |",
+    "|---|---|---|---|---|---|---|---|---|---|",
+  ]
+  for r in rows:
+    e, s = r["engine"], r.get("static_decode") or {}
+    if "error" in e:
+      lines.append(
+        f"| {r['model']} | {r['target']} | {r['finetune']} | - | refused | - | - | - | - | - |"
+      )
+      continue
+    static = f"{s['step_over_roofline']:.2f}x | {s['tokens_per_s_per_chip']:,.0f}" if s else "- | -"
+    before, after = r.get("static_estimate_s"), e.get("estimate_s")
+    est = f"{before:.1f} s -> {after:.1f} s" if before and after else "-"
+    lines.append(
+      f"| {r['model']} | {r['target']} | {r['finetune']} | {e['slots']} "
+      f"| {e['step_over_roofline']:.2f}x | {e['tokens_per_s_per_chip']:,.0f} | {static} | {est} "
+      f"| {e['peak_bytes'] / GiB:.1f} GiB{'' if e['fits'] else ' (does not fit)'} |"
+    )
+  return "\n".join(lines)
+
+
 def table(rows: list[dict], lora: bool = False) -> str:
   """The newest row of each (model, target) as Markdown; with `lora`, of each (model,
   target, fine-tuning), with a fine-tuning column."""
@@ -227,7 +289,13 @@ def main():
   parser.add_argument("--targets", default=",".join(TARGETS))
   parser.add_argument("--finetune", default="full", help="comma-separated: full, lora, qlora")
   parser.add_argument(
-    "--table", nargs="?", const="full", choices=["full", "lora"], help="print committed rows"
+    "--table", nargs="?", const="full", choices=["full", "lora", "engine"], help="print rows"
+  )
+  parser.add_argument(
+    "--engine",
+    action="store_true",
+    help="compile the rollout engine's decode step for each committed row (table.jsonl and "
+    "lora_table.jsonl) into engine_table.jsonl",
   )
   parser.add_argument("--out", default=str(OUT), help="the results folder")
   parser.add_argument(
@@ -236,6 +304,17 @@ def main():
   args = parser.parse_args()
   out = Path(args.out)
   out.mkdir(parents=True, exist_ok=True)
+  if args.engine:
+    for name in ("table.jsonl", "lora_table.jsonl"):
+      for committed in [json.loads(line) for line in (out / name).read_text().splitlines()]:
+        row = engine_row(committed)
+        with open(out / "engine_table.jsonl", "a") as f:
+          f.write(json.dumps(row) + "\n")
+    return
+  if args.table == "engine":
+    rows = [json.loads(line) for line in (out / "engine_table.jsonl").read_text().splitlines()]
+    print(engine_table(rows))
+    return
   if args.table:
     name = "table.jsonl" if args.table == "full" else "lora_table.jsonl"
     read = lambda folder: [json.loads(line) for line in (folder / name).read_text().splitlines()]

@@ -16,7 +16,6 @@ from jaxrl_llm.models.kv_cache import init_cache, share_prompt
 from jaxrl_llm.models.sharding import (
   batch_size_divisor,
   make_mesh,
-  param_shardings,
   shard_params,
 )
 from jaxrl_llm.rollout import engine, generate, layout, sampler
@@ -87,9 +86,9 @@ def test_the_decode_layout_gathers_no_weight(model):
   graphdef, params, mesh = _fsdp(model)
   prompt, mask = _prompts(8)
   decode = layout.decode_mesh(mesh, 2)
-  weights = _weight_shapes(
-    params, param_shardings(params, mesh), layout.decode_shardings(params, decode)
-  )
+  # A weight gathered whole, or into the decode layout's shard (the FSDP shards' shapes are
+  # left out: a (4, 320) shard of the head is also the shape of 4 rows' gathered logits).
+  weights = _weight_shapes(params, layout.decode_shardings(params, decode))
   gathers = lambda colls: [s for kind, s in colls if kind == "all-gather" and s in weights]
   # Laid out for training, the sampler all-gathers the weights (inside the decode loop).
   assert gathers(_collectives(graphdef, params, mesh, prompt, mask))

@@ -160,12 +160,15 @@ def test_the_tpu_kernel_in_interpret_mode_equals_the_xla_path():
   q = exact(jax.random.normal(keys[2], (4, N, H))) * H**0.5  # scaled by H^-0.5: exact
   table = jnp.array([[3, 7, 1, 9], [2, 0, 5, 11], [4, 6, 8, 10], [1, 1, 1, 1]], jnp.int32)
   kv_len = jnp.array([5, 17, 32, 0], jnp.int32)
-  xla = paged.xla_attention(
-    q[:, None], k_pages, v_pages, table, (kv_len - 1)[:, None], kv_len, jnp.float32
-  )[:, 0]
+  args = (table, (kv_len - 1)[:, None], kv_len, jnp.float32)
+  xla = paged.xla_attention(q[:, None], k_pages, v_pages, *args, slots_last=False)[:, 0]
   with pltpu.force_tpu_interpret_mode():
     kernel = paged.kernel_attention(q, k_pages, v_pages, table, kv_len, jnp.float32)
   np.testing.assert_allclose(kernel[:3], xla[:3], atol=1e-5)
+  # The XLA path's own layout (keys with each page's slots last) gives the same.
+  keys_slots_last = jnp.swapaxes(k_pages, -1, -2)
+  own = paged.xla_attention(q[:, None], keys_slots_last, v_pages, *args)[:, 0]
+  np.testing.assert_allclose(own, xla, atol=1e-5)
   assert paged.compute_block(W) == 4 and paged.compute_block(33) == 3
 
 

@@ -105,7 +105,7 @@ def test_sampler_log_probs_equal_teacher_forced_over_the_interleaved_sequence(tm
 def test_no_recompilation_after_the_first_iteration(tmp_path):
   cfg, job, runner, _ = _episodes(tmp_path)
   compiled = turns_lib._start._cache_size(), turns_lib._resume._cache_size()
-  assert compiled == (1, 1)
+  assert min(compiled) >= 1  # other tests of this process may have compiled other shapes
   for seed in (2, 3):
     examples = job.task.draw("train", cfg.batch_size, seed, "task.train_examples")
     runner.play(examples, job.learner.state.policy, jax.random.key(seed), 1.0)

@@ -1,6 +1,7 @@
 """Rollout producers: on-policy and off-policy staleness, the sampler's log-probs as the
-behaviour policy, and an off-policy run (with dynamic sampling drawing from the same
-prompt stream) that resumes bitwise after kill -9 with rollouts in flight."""
+behaviour policy, and runs (on-policy, off-policy with dynamic sampling drawing from the same
+prompt stream, asynchronous) that resume bitwise after kill -9, between steps and in the
+middle of a rollout, with rollouts in flight."""
 
 import json
 from pathlib import Path
@@ -89,6 +90,30 @@ def test_async_kill_9_then_resume_equals_uninterrupted_run(tmp_path):
   ref = train(small_config(tmp_path / "ref", **ASYNC))
   cfg = small_config(tmp_path / "killed", **ASYNC)
   run_killed(cfg, "after-step", N + 1, tmp_path)
+  resumed = train(cfg)
+  assert resumed["resumed_from"] == N
+  assert_bitwise_equal(params(resumed), params(ref))
+  assert metric_rows(tmp_path / "killed") == metric_rows(tmp_path / "ref")
+
+
+MODES = {
+  "sync": {},
+  "off_policy": OFF_POLICY,
+  "async": ASYNC,
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", list(MODES))
+def test_kill_9_mid_rollout_then_resume_equals_uninterrupted_run(tmp_path, mode):
+  """Killed while a rollout is on the devices (the first dispatched after checkpoint N),
+  the run resumes from checkpoint N, with its rollouts in flight, to the uninterrupted
+  run's params and metrics."""
+  settings = MODES[mode] | {"run.steps": 3 * N, "checkpoint.every": N}
+  ref = train(small_config(tmp_path / "ref", **settings))
+  cfg = small_config(tmp_path / "killed", **settings)
+  run_killed(cfg, "mid-rollout", N, tmp_path)
+  assert len(metric_rows(tmp_path / "killed")) < 3 * N
   resumed = train(cfg)
   assert resumed["resumed_from"] == N
   assert_bitwise_equal(params(resumed), params(ref))

@@ -219,7 +219,9 @@ def run_sampler(args) -> dict:
   del parity_model
 
   pad_id = unused_id(tokens, mask, V)
-  eos_id = V  # outside the vocabulary: never sampled, so no row stops early
+  # By default outside the vocabulary: never sampled, so no row stops early.
+  stops = [int(i) for i in args.eos_ids.split(",")] if args.eos_ids else [V]
+  eos_id = stops[0]
   cache_size = P + N
   sampler = sampler_lib.Sampler(
     model,
@@ -239,7 +241,7 @@ def run_sampler(args) -> dict:
     echo=False,
     return_logits=False,
     return_logprobs=False,
-    eos_tokens=[eos_id],
+    eos_tokens=stops,
     temperature=1.0,
     top_p=1.0,  # 1.0 with top_k None: tunix samples the full softmax (no sort)
     top_k=None,
@@ -256,14 +258,18 @@ def run_sampler(args) -> dict:
     seconds.append(time.perf_counter() - start)
 
   lengths = [len(t) for t in out.tokens]
-  if lengths != [N] * B:
+  if not args.eos_ids and lengths != [N] * B:
     raise SystemExit(f"tunix produced {lengths} tokens per row, expected {N} each.")
+  # tunix cuts each row before its end id: the useful tokens count it back in
+  useful = [n + 1 if n < N else N for n in lengths]
   if not np.array_equal(np.asarray(out.padded_prompt_tokens) != pad_id, mask):
     raise SystemExit("tunix's padding of the prompts differs from the benchmark's mask.")
   t = statistics.median(seconds)
   return {
     "peer": f"tunix {version('google-tunix')} sampler",
-    "tokens_per_s": B * N / t,
+    "tokens_per_s": sum(useful) / t,
+    "useful_tokens": sum(useful),
+    "lengths": useful if args.eos_ids else None,
     "median_s": t,
     "seconds": seconds,
     "settings": {
@@ -278,8 +284,12 @@ def run_sampler(args) -> dict:
       "max_prompt_length": P,
       "padding": "left, by tunix from the unpadded prompts; pad id chosen unused by real tokens",
       "pad_id": pad_id,
-      "eos_tokens": [eos_id],
-      "early_stop": "disabled: eos id = vocab size, never sampled",
+      "eos_tokens": stops,
+      "early_stop": (
+        "each row at its end ids"
+        if args.eos_ids
+        else "disabled: eos id = vocab size, never sampled"
+      ),
       "temperature": 1.0,
       "top_p": 1.0,
       "top_k": None,
@@ -583,6 +593,7 @@ def main(argv=None):
   s.add_argument("--max-new-tokens", type=int, default=128)
   s.add_argument("--repeats", type=int, default=3)
   s.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+  s.add_argument("--eos-ids", default="", help="ids that end a row (comma list); default none")
   g = commands.add_parser("grpo", help="tunix GRPOLearner s/iteration")
   g.add_argument("--model", required=True, help="HF directory written by save_model")
   g.add_argument("--steps", type=int, default=12, help="timed iterations, after the warm-up")

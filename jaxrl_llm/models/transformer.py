@@ -385,9 +385,9 @@ class Decoder(nnx.Module):
     def body(carry, layer_params):
       x, k_all, v_all, i = carry
       x, new = block_fn(graphdef, x, layer_params, paged.PagedLayer(k_all, v_all, layer=i))
-      return (x, new.k_KxPxTxH, new.v_KxPxTxH, i + 1), None
+      return (x, new.k_pages, new.v_pages, i + 1), None
 
-    start = (x_BxLxD, pools.k_KxPxTxH, pools.v_KxPxTxH, jnp.zeros((), jnp.int32))
+    start = (x_BxLxD, pools.k_pages, pools.v_pages, jnp.zeros((), jnp.int32))
     (x, k_all, v_all, _), _ = jax.lax.scan(body, start, params)
     return x, paged.PagedLayer(k_all, v_all)
 

@@ -234,6 +234,61 @@ def decode_figures(run, decode_row: dict, target: Target) -> dict:
   }
 
 
+MEAN_COMPLETION = 0.5  # the engine's figures: completions of N/2 tokens on average
+
+
+def engine_figures(run, rows: list[dict], target: Target, log=print) -> dict:
+  """The rollout engine's decode step compiled for `target`, under completions of
+  `MEAN_COMPLETION * N` tokens on average: every slot busy with a row that far in, each
+  group's prompt held once (`programs.engine_layout`). Its roofline reads the decode-layout
+  weights and those live pages per chip; its peak counts the whole pool, which is sized for
+  the worst case. The iteration estimate runs the sampler's prefill, then
+  R N'/(S D) + (N - N') engine steps per wave (R rows, N' the mean completion, S D slots in
+  all: every slot busy until the queue empties, then the last rows run out), then the
+  experience pass and the update."""
+  lay = programs_lib.engine_layout(run, MEAN_COMPLETION)
+  fn, args = programs_lib.engine_decode_program(run, lay)
+  compiled, error = _compile("engine_decode_step", fn, args, log)
+  if compiled is None:
+    return {"fits": False, "error": error}
+  live = device_bytes(args[1].pools)
+  pool = device_bytes(programs_lib.engine_state(run, programs_lib.engine_layout(run)).pools)
+  weights = device_bytes(run.decode_params)
+  row = _measure("engine_decode_step", compiled, weights, programs_lib.resident_bytes(run), target)
+  row["peak_bytes"] += pool - live
+  row["fits"] = row["peak_bytes"] <= target.chip.hbm_bytes
+  roofline = (weights + live) / target.chip.hbm_bandwidth
+  step, slots = row["roofline_s"], lay.slots * lay.lanes
+  out = {
+    "mean_completion": MEAN_COMPLETION,
+    "slots": slots,
+    "page_size": lay.page_size,
+    "tensor": run.decode_mesh.shape["tensor"],
+    "weights_bytes_per_chip": weights,
+    "kv_bytes_per_chip": live,
+    "pool_bytes_per_chip": pool,
+    "roofline_s": roofline,
+    "step_s": step,
+    "step_over_roofline": step / roofline,
+    "tokens_per_s_per_chip": slots / step / target.devices,
+    "peak_bytes": row["peak_bytes"],
+    "fits": row["fits"],
+  }
+  by = {r["program"]: r for r in rows}
+  if all(p in by and not by[p].get("error") for p in ("prefill", "experience", "update")):
+    N = run.cfg.rollout.max_new_tokens
+    mean = MEAN_COMPLETION * N
+    rows_per_wave = run.prompts_per_wave * run.cfg.rollout.group_size
+    steps = rows_per_wave * mean / slots + (N - mean)
+    out["decode_steps_per_wave"] = steps
+    out["estimate_s"] = (
+      run.waves * (by["prefill"]["roofline_s"] + steps * step)
+      + by["experience"]["roofline_s"]
+      + by["update"]["roofline_s"]
+    )
+  return out
+
+
 def knobs(cfg: TrainConfig, program: str, num_devices: int) -> list[tuple[str, TrainConfig]]:
   """Settings that lower `program`'s memory, each as (config key=value, the changed config),
   the cheapest first. Only those valid for this config are offered."""
@@ -309,8 +364,11 @@ def suggest(cfg, target, devices, vocab_size, rows, *, tries: int = 2, log=print
   return out
 
 
-def plan(cfg: TrainConfig, target: Target, *, vocab_size=None, suggestions=True, log=print) -> dict:
-  """Compiles `cfg` for `target`; the report `python -m jaxrl_llm.plan` prints."""
+def plan(
+  cfg: TrainConfig, target: Target, *, vocab_size=None, suggestions=True, engine=True, log=print
+) -> dict:
+  """Compiles `cfg` for `target`; the report `python -m jaxrl_llm.plan` prints (`engine`: the
+  rollout engine's decode step too, see `engine_figures`)."""
   model_cfg = programs_lib.model_config(cfg, vocab_size)
   devices = target_devices(target)
   log(
@@ -349,6 +407,7 @@ def plan(cfg: TrainConfig, target: Target, *, vocab_size=None, suggestions=True,
     "state_bytes_per_chip": state_breakdown(run),
     "programs": rows,
     "iteration": iteration(cfg, run, rows, target),
+    "engine": engine_figures(run, rows, target, log=log) if engine else {},
   }
   report["fits"] = all(r["fits"] for r in rows)
   report["compiled_with"] = _versions(target)

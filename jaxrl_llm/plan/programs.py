@@ -19,12 +19,12 @@ from jax.experimental.layout import Format, Layout
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxrl_llm.models import CausalLM, ModelConfig, ValueModel
+from jaxrl_llm.models import CausalLM, ModelConfig, ValueModel, paged
 from jaxrl_llm.models.config import from_hf_config
 from jaxrl_llm.models.hf import read_config
 from jaxrl_llm.models.kv_cache import LayerCache
 from jaxrl_llm.models.sharding import batch_sharding, batch_size_divisor, rows_over
-from jaxrl_llm.rollout import layout, sampler
+from jaxrl_llm.rollout import engine, layout, sampler
 from jaxrl_llm.train import learner as learner_lib
 from jaxrl_llm.train import state as state_lib
 from jaxrl_llm.train import step as step_lib
@@ -226,6 +226,71 @@ def decode_program(run: Run, carry_shardings=None):
     out_shardings=carry_formats,
   )
   return step, (run.decode_params, carry, key)
+
+
+def engine_layout(run: Run, mean_completion: float | None = None) -> engine.Layout:
+  """The rollout engine's layout for one wave on the decode mesh. With `mean_completion` (a
+  fraction of `max_new_tokens`), the layout the planner compiles a decode step at: every
+  slot busy with a row `mean_completion * N` tokens in, the table as wide as such a row's
+  pages and the pool just what the slots and their groups' prompts hold then (the real pool
+  is sized for the worst case: `state_breakdown` counts that one)."""
+  r = run.cfg.rollout
+  lay = engine.layout(
+    run.prompts_per_wave,
+    run.prompt_length,
+    r.group_size,
+    r.max_new_tokens,
+    batch_size_divisor(run.decode_mesh),
+    slots=r.decode_slots,
+    page_size=r.page_size,
+    prefill_chunk=r.prefill_chunk,
+  )
+  if mean_completion is None:
+    return lay
+  T, S, P = lay.page_size, lay.slots, run.prompt_length
+  done = int(mean_completion * r.max_new_tokens)
+  groups = -(-S // r.group_size)
+  live_pages = S * -(-done // T) + groups * -(-P // T)
+  return dataclasses.replace(lay, table_width=-(-(P + done) // T), pages=live_pages)
+
+
+def engine_state(run: Run, lay: engine.Layout) -> engine.State:
+  """The engine's loop state for `lay` as sharded ShapeDtypeStructs: lane arrays split by
+  lane over the decode mesh's batch axes, the page pools as `paged.pool_spec` says."""
+  mesh = run.decode_mesh
+  with rows_over(mesh):
+    shapes = jax.eval_shape(lambda: engine.init_state(lay, run.model_cfg, run.pad_id, None, mesh))
+  lanes = lambda x: run.rows(x.shape, x.dtype, mesh=mesh) if x.ndim else _replicated(run, x)
+  state = jax.tree.map(lanes, shapes._replace(pools=None))
+  spec = lambda x: paged.pool_spec(x.ndim, run.model_cfg.num_kv_heads, mesh)
+  pools = jax.tree.map(
+    lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(mesh, spec(x))),
+    shapes.pools,
+  )
+  return state._replace(pools=pools)
+
+
+def _replicated(run: Run, x):
+  return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(run.decode_mesh, P()))
+
+
+def engine_decode_program(run: Run, lay: engine.Layout):
+  """One decode iteration of the rollout engine (each busy slot samples, records, retires or
+  grows, and runs the model on its token), `(jitted, abstract args)`; the state is donated."""
+  eos_ids, sampling, mesh = run.eos_ids, _sampling(run), run.decode_mesh
+  lanes = engine.lanes_of(lay)
+
+  def decode_step(params, state, lens_DxQ, key):
+    model = nnx.merge(run.policy_def, params)
+    run_ = engine.Run(key, jnp.asarray(eos_ids, jnp.int32), sampling, jnp.zeros((), jnp.int32))
+    with rows_over(mesh):
+      unembedding = model.unembedding_VxD()
+      return engine.decode(model, unembedding, state, lay, lanes, lens_DxQ, run_)
+
+  state = engine_state(run, lay)
+  lens = run.rows((lay.lanes, lay.prompts), jnp.int32, mesh=mesh)
+  key = jax.ShapeDtypeStruct((), jax.eval_shape(lambda: jax.random.key(0)).dtype)
+  return jax.jit(decode_step, donate_argnums=1), (run.decode_params, state, lens, key)
 
 
 def _kv(run: Run, x, row_axis: int):

@@ -190,6 +190,14 @@ class State(NamedTuple):
   stats: Stats
 
 
+def run_if(pred, fn, st):
+  """`fn(st)` when `pred`, else `st`: a loop of zero or one trip, not a `lax.cond`. XLA copies
+  every buffer a conditional's branch updates in place (here each layer's page pools, on
+  every iteration), while a loop updates its carry where it lies."""
+  once = lambda carry: (jnp.zeros((), bool), fn(carry[1]))
+  return jax.lax.while_loop(lambda carry: carry[0], once, (pred, st))[1]
+
+
 def take_pages(free_P, count, want):
   """One free page for every True of `want` (any shape; 0 elsewhere), and the new count."""
   flat = want.reshape(-1)
@@ -221,7 +229,7 @@ def init_state(lay: Layout, cfg, pad_id: int, cache_dtype, mesh) -> State:
   N = lay.max_new_tokens
   E, dt = cfg.hidden_size, cfg.dtype
   lane = lambda shape, dtype, value=0: split_rows(jnp.full((D, *shape), value, dtype))
-  pools = paged.init_pools(cfg, D * lay.pages, lay.page_size, cache_dtype)
+  pools = paged.init_pools(cfg, D * lay.pages, lay.page_size, cache_dtype, mesh)
   if mesh is not None:
     place = lambda x: jax.lax.with_sharding_constraint(
       x, jax.sharding.NamedSharding(mesh, paged.pool_spec(x.ndim, cfg.num_kv_heads, mesh))
@@ -371,7 +379,8 @@ def _admit(st: State, lay: Layout, lanes: Lanes, lens_DxQ, mesh) -> State:
   args = (st.slot_row_DxS, st.row_state_DxR, st.prompt_ready_DxQ, st.prompt_pages_DxQxWp)
   args += (st.free_DxP, st.free_count_D, lanes.prompt_of_row_DxR, lens_DxQ)
   take, row, j, length, full, table, source, target, row_state, count = jax.vmap(one)(*args)
-  pools = paged.copy_pages(st.pools, source.reshape(-1), target.reshape(-1), mesh)
+  copy = lambda pools: paged.copy_pages(pools, source.reshape(-1), target.reshape(-1), mesh)
+  pools = run_if(jnp.any(target < lay.pages), copy, st.pools)
   hidden = jnp.take_along_axis(st.prompt_hidden_DxQxE, j[..., None], axis=1)
   keep = lambda new, old: jnp.where(take.reshape(*take.shape, *[1] * (old.ndim - 2)), new, old)
   return st._replace(
@@ -484,9 +493,58 @@ def with_lanes(st: State, lane: dict) -> State:
   return st._replace(**{_LANE_FIELDS[k]: v for k, v in lane.items()})
 
 
-def _decode(model, unembedding, st: State, lay: Layout, lanes: Lanes, lens_DxQ, run) -> State:
-  """One decode step of every busy slot (see the module docstring)."""
-  D, S, R, N = lay.lanes, lay.slots, lay.rows, lay.max_new_tokens
+_SLOT_FIELDS = (
+  "slot_row_DxS",
+  "slot_len_DxS",
+  "slot_step_DxS",
+  "slot_own_DxS",
+  "slot_table_DxSxW",
+  "slot_hidden_DxSxE",
+)
+
+
+def row_buckets(S: int) -> tuple[int, ...]:
+  """The busy-slot counts a decode step compiles for: S times 1, 3/4, 1/2, 3/8, 1/4, 1/8 and
+  1/16, rounded up (a step runs on the smallest that holds every lane's busy slots)."""
+  return tuple(sorted({max(-(-S * k // 16), 1) for k in (16, 12, 8, 6, 4, 2, 1)}))
+
+
+def _compact(st: State, lay: Layout) -> State:
+  """Each lane's slots reordered, busy ones first and the longest of them first (slots are
+  interchangeable: a row's state moves with it)."""
+  busy = st.slot_row_DxS < lay.rows
+  order = jnp.argsort(jnp.where(busy, -st.slot_len_DxS, 1), axis=1, stable=True)
+  take = lambda x: jnp.take_along_axis(x, order.reshape(*order.shape, *[1] * (x.ndim - 2)), 1)
+  return st._replace(**{f: take(getattr(st, f)) for f in _SLOT_FIELDS})
+
+
+def decode(model, unembedding, st: State, lay: Layout, lanes: Lanes, lens_DxQ, run) -> State:
+  """One decode step of every busy slot (see the module docstring). The slots are first
+  compacted, busy ones first, and the step runs on the smallest of `row_buckets` that holds
+  them: the rows that ended cost nothing once their slots are left idle."""
+  st = _compact(st, lay)
+  busy = jnp.max(jnp.sum(st.slot_row_DxS < lay.rows, axis=1))
+  buckets = row_buckets(lay.slots)
+  index = jnp.minimum(jnp.sum(jnp.asarray(buckets) < busy), len(buckets) - 1)
+  step = functools.partial(_decode_first, model, unembedding, lay=lay, lanes=lanes, run=run)
+  for i, n in enumerate(buckets):  # one runs: loops, not a switch (see `run_if`)
+    st = run_if(index == i, lambda st, n=n: step(st, lens_DxQ, n=n), st)
+  return st
+
+
+def _decode_first(model, unembedding, st: State, lens_DxQ, *, lay, lanes, run, n) -> State:
+  """`_decode_step` on each lane's first `n` slots; the others stay as they are."""
+  head = st._replace(**{f: getattr(st, f)[:, :n] for f in _SLOT_FIELDS})
+  head = _decode_step(model, unembedding, head, lay, lanes, lens_DxQ, run)
+  put = lambda f: jnp.concatenate([getattr(head, f), getattr(st, f)[:, n:]], axis=1)
+  return head._replace(**{f: put(f) for f in _SLOT_FIELDS})
+
+
+def _decode_step(model, unembedding, st: State, lay: Layout, lanes: Lanes, lens_DxQ, run):
+  """Each of the state's slots samples its next token, records it, retires or grows, and
+  runs the model on it."""
+  D, S = st.slot_row_DxS.shape
+  R, N = lay.rows, lay.max_new_tokens
   hidden_BxE = st.slot_hidden_DxSxE.reshape(D * S, -1)
   logits_BxV = model.unembed(hidden_BxE[:, None], unembedding)[:, 0]
   token, lp = _sample(st, lay, lanes, logits_BxV, run.rng, run.sampling, run.offset)
@@ -538,10 +596,10 @@ def loop(model, st: State, lay: Layout, prompts_DxQxP, lens_DxQ, run: Run, mesh)
   def body(st):
     want = _wants_prefill(st, lay, lanes)
     prefill = lambda st: _prefill(model, st, lay, lanes, prompts_DxQxP, lens_DxQ, want)
-    st = jax.lax.cond(jnp.any(want), prefill, lambda st: st, st)
+    st = run_if(jnp.any(want), prefill, st)
     st = _admit(st, lay, lanes, lens_DxQ, mesh)
-    decode = lambda st: _decode(model, unembedding, st, lay, lanes, lens_DxQ, run)
-    return jax.lax.cond(jnp.any(st.slot_row_DxS < lay.rows), decode, lambda st: st, st)
+    step = lambda st: decode(model, unembedding, st, lay, lanes, lens_DxQ, run)
+    return run_if(jnp.any(st.slot_row_DxS < lay.rows), step, st)
 
   def more(st):  # rows that wait for a slot or still decode
     return jnp.any((st.row_state_DxR == WAITING) | (st.row_state_DxR == RUNNING))

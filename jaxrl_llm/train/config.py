@@ -214,14 +214,12 @@ class RolloutSection:
   # Rows (prompts x group_size) decoded at once; a rollout with more goes in waves of
   # max_rows // group_size prompts, with the same samples. 0: one wave.
   max_rows: int = at_least(0, 0)
-  # The rollout engine (rollout/engine.py) decodes a wave's rows in `decode_slots` slots in
-  # all (a row that ends frees its slot for the next waiting row; 0: one slot per row; a
-  # multiple of the decode mesh's row groups, devices / tensor), keeps their keys and values
-  # in pages of `page_size` tokens, and prefills each prompt once, `prefill_chunk` tokens
-  # per pass. None of them changes a sample.
+  # The rollout engine (rollout/engine.py); none of these three changes a sample.
+  # Rows decoded at once (a row that ends frees its slot for the next waiting row; 0: one
+  # slot per row; a multiple of the decode mesh's row groups, devices / tensor).
   decode_slots: int = at_least(0, 0)
-  page_size: int = at_least(16, 1)
-  prefill_chunk: int = at_least(512, 1)
+  page_size: int = at_least(16, 1)  # tokens per page of the paged KV cache
+  prefill_chunk: int = at_least(512, 1)  # prompt tokens prefilled per pass
 
 
 @dataclasses.dataclass(frozen=True)

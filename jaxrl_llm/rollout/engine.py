@@ -504,9 +504,9 @@ _SLOT_FIELDS = (
 
 
 def row_buckets(S: int) -> tuple[int, ...]:
-  """The busy-slot counts a decode step compiles for: S times 1, 3/4, 1/2, 3/8, 1/4, 1/8 and
-  1/16, rounded up (a step runs on the smallest that holds every lane's busy slots)."""
-  return tuple(sorted({max(-(-S * k // 16), 1) for k in (16, 12, 8, 6, 4, 2, 1)}))
+  """The busy-slot counts a decode step compiles for: S, S/2, S/4, S/8 and S/16, rounded up,
+  down to 4 slots (a step runs on the smallest that holds every lane's busy slots)."""
+  return tuple(sorted({S} | {-(-S // k) for k in (2, 4, 8, 16) if -(-S // k) >= 4}))
 
 
 def _compact(st: State, lay: Layout) -> State:

@@ -1,24 +1,26 @@
 """A paged KV cache: each layer's keys and values in one pool of pages, and a page table per
 row.
 
-A page holds `page_size` (T) token slots of every KV head; a layer's pool is `[K, P, T, H]`
-for keys and values alike (KV heads first, the layout of JAX's TPU paged-attention kernel;
-a model with scanned layers stacks its layers' pools on a leading axis). A row's tokens
-are its logical slots 0, 1, 2, ...: slot s lies on page `table_BxW[b, s // T]` at offset
-`s % T`. Prompts are stored without their padding, so a token's slot is its position, and a
-query sees the keys at slots up to its own position and below its row's length. The rows of
-one prompt share its pages (a page is only ever written by the one row that owns it), so
-a group holds one copy of its prompt.
+A page holds `page_size` (T) token slots of every KV head. A layer's value pool is
+`[K, P, T, H]` (KV heads first) and its key pool `[K, P, H, T]`, slots last, so that a
+query's scores are a contraction over H with the slots as the output's minor axis; where
+JAX's TPU paged-attention kernel runs, keys take its layout, `[K, P, T, H]`
+(`kernel_layout`). A model with scanned layers stacks its layers' pools on a leading axis.
+A row's tokens are its logical slots 0, 1, 2, ...: slot s lies on page `table_BxW[b, s // T]`
+at offset `s % T`. Prompts are stored without their padding, so a token's slot is its
+position, and a query sees the keys at slots up to its own position and below its row's
+length. The rows of one prompt share its pages (a page is only ever written by the one row
+that owns it), so a group holds one copy of its prompt.
 
 On a mesh, the pool's page axis is split over the batch axes like the rows and its KV heads
 over `tensor` where they divide; a row's page ids index its own device's share of the pool.
 Writes, copies and attention run per device (`jax.shard_map`), so no page crosses devices.
 Attention reads only a row's live pages: on TPU a decode step calls JAX's Pallas
 paged-attention kernel, which stops at each row's length (heads of a multiple of 128, see
-`KERNEL_HEAD_DIM`); elsewhere (CPU, GPU, and passes of
-several tokens) the XLA path sorts the rows by length and, for each quarter of them, gathers
-the first `w` pages of every row, `w` the smallest of a few widths (`page_widths`) that holds
-the quarter's longest row.
+`KERNEL_HEAD_DIM`); elsewhere a decode step reads the pages a few at a time with a running
+softmax up to the longest row's length (`decode_attention`), and a pass of several tokens
+(a prefill chunk) gathers, for each quarter of the rows, the first `w` pages of every row,
+`w` the smallest of a few widths (`page_widths`) that holds the quarter's longest row.
 """
 
 import functools

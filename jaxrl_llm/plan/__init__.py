@@ -18,6 +18,7 @@ runtime backend stays the CPU (`JAX_PLATFORMS=cpu`).
 from jaxrl_llm.plan.planner import (
   PlanError,
   compile_run,
+  engine_figures,
   iteration,
   knobs,
   plan,
@@ -36,6 +37,7 @@ __all__ = [
   "Target",
   "TargetError",
   "compile_run",
+  "engine_figures",
   "iteration",
   "knobs",
   "plan",

@@ -14,7 +14,10 @@ lanes. Every iteration of one `lax.while_loop`, in every lane:
            first logits come from the prompt's last hidden state;
   decode   each busy slot samples its next token and records it; unless the row ended (an
            end id, or `max_new_tokens` tokens) the token is written into the row's pages (a
-           fresh page at a page boundary) and run through the model;
+           fresh page at a page boundary) and run through the model. The slots are first
+           compacted (busy ones first, longest first) and the step runs on the smallest of
+           a few slot counts (`row_buckets`) that holds the busy ones, so idle slots cost
+           nothing;
   retire   an ended row frees its slot and its pages, and a prompt whose rows have all ended
            frees its pages.
 

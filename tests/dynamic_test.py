@@ -3,7 +3,7 @@ import json
 import jax
 import numpy as np
 import pytest
-from helpers import OnesTask, small_config
+from helpers import ENGINE, OnesTask, small_config
 
 from jaxrl_llm.rollout.dynamic import Round, assemble, informative_groups
 from jaxrl_llm.train import train
@@ -62,7 +62,7 @@ def test_dynamic_sampling_filters_on_correctness_by_default(tmp_path, metric):
   policy does not move on length alone; on the score the penalty makes groups informative."""
   cfg = small_config(
     tmp_path,
-    **{"rollout.dynamic_sampling": True, "rollout.dynamic_sampling_metric": metric,
+    **{**ENGINE, "rollout.dynamic_sampling": True, "rollout.dynamic_sampling_metric": metric,
        "rollout.max_extra_rounds": 1, "rewards.overlong_weight": 1.0,
        "rewards.overlong_cache_tokens": 3, "run.steps": 1},
   )  # fmt: skip
@@ -76,7 +76,7 @@ def test_dynamic_sampling_filters_on_correctness_by_default(tmp_path, metric):
 
 
 def test_trainer_with_dynamic_sampling(tmp_path):
-  cfg = small_config(tmp_path, **{"rollout.dynamic_sampling": True, "run.steps": 3})
+  cfg = small_config(tmp_path, **{**ENGINE, "rollout.dynamic_sampling": True, "run.steps": 3})
   summary = train(cfg, devices=jax.devices()[:1], task=OnesTask(cfg))
   rows = [json.loads(line) for line in open(summary["metrics"])]
   for row in rows:
@@ -89,7 +89,8 @@ def test_all_equal_rewards_use_every_extra_round(tmp_path):
   """A random policy never solves 2-digit addition: every group is uninformative, so dynamic
   sampling takes all its extra rounds and still fills the batch."""
   cfg = small_config(
-    tmp_path, **{"rollout.dynamic_sampling": True, "run.steps": 2, "rollout.max_extra_rounds": 2}
+    tmp_path,
+    **{**ENGINE, "rollout.dynamic_sampling": True, "run.steps": 2, "rollout.max_extra_rounds": 2},
   )
   summary = train(cfg, devices=jax.devices()[:1])
   rows = [json.loads(line) for line in open(summary["metrics"])]
@@ -103,12 +104,12 @@ def test_a_sample_budget_is_met_exactly_by_dynamic_sampling(tmp_path):
   budget exactly (5 batches: 3 rounds, then 2), not one dynamic round past it."""
   cfg = small_config(
     tmp_path,
-    **{"rollout.dynamic_sampling": True, "rollout.max_extra_rounds": 2, "run.steps": 10},
+    **{**ENGINE, "rollout.dynamic_sampling": True, "rollout.max_extra_rounds": 2, "run.steps": 10},
   )
   budget = 5 * cfg.batch_size
   cfg = small_config(
     tmp_path,
-    **{"rollout.dynamic_sampling": True, "rollout.max_extra_rounds": 2, "run.steps": 10,
+    **{**ENGINE, "rollout.dynamic_sampling": True, "rollout.max_extra_rounds": 2, "run.steps": 10,
        "run.sample_budget": budget},
   )  # fmt: skip
   summary = train(cfg, devices=jax.devices()[:1])

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import assert_bitwise_equal, metric_rows, params, run_killed, small_config
+from helpers import ENGINE, assert_bitwise_equal, metric_rows, params, run_killed, small_config
 
 from jaxrl_llm import core
 from jaxrl_llm.envs import ENVIRONMENTS, EnvSpec, register_environment
@@ -46,7 +46,7 @@ class CountEnv:
 if "test_count" not in ENVIRONMENTS:
   register_environment("test_count", EnvSpec(CountEnv))
 
-ENV = {"env.name": "test_count", "env.max_turns": 3, "env.max_tokens": 24}
+ENV = ENGINE | {"env.name": "test_count", "env.max_turns": 3, "env.max_tokens": 24}
 
 
 def _job(tmp_path, **overrides):
@@ -188,7 +188,7 @@ def test_no_environment_token_gets_gradient(tmp_path, estimator, monkeypatch):
 @pytest.mark.slow
 def test_env_run_kill_9_then_resume_equals_uninterrupted_run(tmp_path):
   """A built-in environment (the killed run is another process), resumed mid-run."""
-  settings = {
+  settings = ENGINE | {
     "env.name": "guess",
     "env.kwargs": '{"high": 12}',
     "env.max_turns": 3,

@@ -27,13 +27,21 @@ TIMING = ("step_time_s", "rollout_wait_s", "tokens_per_s", "mfu")  # metrics tha
 N = 2  # the kill-9 tests checkpoint every N steps; their runs are 2N steps
 
 
+# The producers', dynamic sampling's and episodes' tests sample with the rollout engine (the
+# default); the rest take the static sampler, whose program compiles in a fraction of the
+# time (tests/engine_test.py and those tests cover the engine).
+ENGINE = {"rollout.sampler": "engine"}
+
+
 def base_config():
   """The tests' base: GRPO on 2-digit addition with a 1-layer, 32-wide Qwen2-shaped model,
-  8 prompts x 4 samples of at most 4 tokens, two minibatches, no warm start, one step."""
+  8 prompts x 4 samples of at most 4 tokens (the static sampler), two minibatches, no warm
+  start, one step."""
   c = default_config_dict()
   c.model.update(hidden_size=32, intermediate_size=64, num_layers=1, num_heads=4, num_kv_heads=2)
   c.task.update(name="arithmetic", digits=2, ops="+", train_examples=256, prompt_length=6)
   c.rollout.update(prompts_per_step=8, group_size=4, max_new_tokens=4, temperature=1.0)
+  c.rollout.sampler = "static"
   c.algo.update(
     estimator="grpo",
     policy_loss="ppo_clip",

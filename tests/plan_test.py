@@ -88,6 +88,17 @@ def test_hlo_walk_counts_collectives(data_mesh):
   assert stats.collectives["all-reduce"] == 512 * 4
 
 
+def test_an_in_place_scatter_moves_its_updates_not_its_buffer():
+  # As a page pool is written: a few rows of a donated buffer set, the rest left in place.
+  pool = jnp.zeros((64, 4096), jnp.float32)
+  ids, updates = jnp.array([3, 9, 70]), jnp.ones((3, 4096), jnp.float32)
+  write = jax.jit(lambda p, i, u: p.at[i].set(u * 2.0, mode="drop"), donate_argnums=0)
+  stats = hlo.analyze(write.lower(pool, ids, updates).compile().as_text())
+  # the updates made (read and written), then the scatter's traffic: a few times the
+  # updates and the ids, never the whole buffer
+  assert 4 * updates.nbytes <= stats.hbm_bytes < 6 * updates.nbytes < pool.nbytes
+
+
 def test_shape_bytes():
   assert hlo.shape_bytes("bf16[4,8]{1,0}") == 64
   assert hlo.shape_bytes("(f32[2,3]{1,0}, s32[], pred[5])") == 24 + 4 + 5

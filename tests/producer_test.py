@@ -8,11 +8,20 @@ from pathlib import Path
 
 import jax
 import pytest
-from helpers import N, OnesTask, assert_bitwise_equal, metric_rows, params, run_killed, small_config
+from helpers import (
+  ENGINE,
+  N,
+  OnesTask,
+  assert_bitwise_equal,
+  metric_rows,
+  params,
+  run_killed,
+  small_config,
+)
 
 from jaxrl_llm.train import ConfigError, train
 
-OFF_POLICY = {
+OFF_POLICY = ENGINE | {
   "rollout.off_policy_steps": 2,
   "rollout.dynamic_sampling": True,  # its extra rounds draw prompts between dispatches
   "algo.correction": "token_tis",
@@ -31,6 +40,7 @@ def test_rollouts_are_at_most_off_policy_steps_old(tmp_path, ahead, staleness):
   updates old; the trainer sees the gap as a ratio pi_old / pi_behav away from 1."""
   cfg = small_config(
     tmp_path,
+    **ENGINE,
     **{"rollout.off_policy_steps": ahead, "algo.correction": "token_tis", "run.steps": 4},
   )
   rows = _rows(train(cfg, task=OnesTask(cfg)))  # rewards that vary: the params move
@@ -55,7 +65,7 @@ def test_off_policy_kill_9_then_resume_equals_uninterrupted_run(tmp_path):
   assert any(r["dynamic_extra_rounds"] for r in metric_rows(tmp_path / "ref"))
 
 
-ASYNC = {
+ASYNC = ENGINE | {
   "rollout.mode": "async",
   "rollout.sampler_devices": 4,
   "rollout.off_policy_steps": 1,
@@ -97,7 +107,7 @@ def test_async_kill_9_then_resume_equals_uninterrupted_run(tmp_path):
 
 
 MODES = {
-  "sync": {},
+  "sync": ENGINE,
   "off_policy": OFF_POLICY,
   "async": ASYNC,
 }
@@ -129,6 +139,11 @@ def test_kill_9_mid_rollout_then_resume_equals_uninterrupted_run(tmp_path, mode)
       r"dynamic_sampling.*use mode='sync'",
     ),
     ({"rollout.mode": "overlap"}, r"config.rollout.mode='overlap'; use 'sync' or 'async'"),
+    ({"rollout.sampler": "paged"}, r"config.rollout.sampler='paged'; use 'engine'"),
+    (
+      {"rollout.sampler": "static", "env.name": "calculator"},
+      r"only the engine does; set config.rollout.sampler='engine'",
+    ),
     (
       {"rollout.off_policy_steps": -1},
       r"off_policy_steps=-1 is out of range: it must be >= 0 \(0: on-policy\)",
@@ -144,3 +159,22 @@ def test_a_sampler_that_leaves_no_trainer_devices_is_refused(tmp_path):
   cfg = small_config(tmp_path, **(ASYNC | {"rollout.sampler_devices": 8}))
   with pytest.raises(ConfigError, match=r"config.rollout.sampler_devices=8 must leave"):
     train(cfg)
+
+
+def test_rollout_sampler_static_samples_with_the_static_sampler(tmp_path):
+  from helpers import make_learner
+
+  from jaxrl_llm.rollout import generate
+
+  learner = make_learner(small_config(tmp_path, **{"rollout.sampler": "static"}))
+  prompt = jax.numpy.asarray([[5, 6, 7, 8], [0, 0, 9, 10]], jax.numpy.int32)
+  mask = prompt > 0
+  key = jax.random.key(3)
+  got = learner.generate(learner.state.policy, prompt, mask, key, num_samples=4, temperature=1.0)
+  kw = dict(max_new_tokens=got.tokens_BxN.shape[1], num_samples=4, temperature=1.0)
+  kw |= dict(eos_ids=learner.eos_ids, pad_id=learner.pad_id, params=learner.state.policy)
+  graphdef = learner.policy_def
+  static = generate(graphdef, prompt, mask, key, static=True, **kw)
+  engine = generate(graphdef, prompt, mask, key, **kw)
+  assert (got.tokens_BxN == static.tokens_BxN).all()
+  assert not (static.tokens_BxN == engine.tokens_BxN).all()  # the two draw differently

@@ -124,20 +124,19 @@ def _write(pages, new_BxLxKxH, table_BxW, pos_BxL, write_BxL, layer, slots_last:
   return pages.at[layer, :, page_M, offset_M].set(new_MxKxH, mode="drop")
 
 
-def _gathered(q_BxLxNxH, k_pages, v_pages, table_BxW, pos_BxL, kv_len_B, *, width, dt, slots_last):
+def _gathered(
+  q_BxLxNxH, k_pages, v_pages, layer, table_BxW, pos_BxL, kv_len_B, *, width, dt, slots_last
+):
   """Attention over the first `width` pages of every row (the XLA path): the pages gathered
   into the contiguous layout of the static sampler's cache (keys `[B, K, H, S]`, values
   `[B, K, S, H]`) and contracted as it does (`contract`). `slots_last`: keys `[K, P, H, T]`,
-  else `[K, P, T, H]`."""
-  K, _, T, H = v_pages.shape
-  B, L, N, _ = q_BxLxNxH.shape
-  ids_Bxw = table_BxW[:, :width]
-  order = (1, 0, 3, 2, 4) if slots_last else (1, 0, 4, 2, 3)  # to [B, K, H, w, T]
-  keys = k_pages[:, ids_Bxw].transpose(order).reshape(B, K, H, width * T)
-  values = v_pages[:, ids_Bxw].transpose(1, 0, 2, 3, 4).reshape(B, K, width * T, H)
+  else `[K, P, T, H]`; `layer`: the pools are stacked and this is the layer to read."""
+  B, L, N, H = q_BxLxNxH.shape
+  keys, values = _gather_block(k_pages, v_pages, layer, table_BxW[:, :width], slots_last)
+  K, S = values.shape[1], values.shape[2]
   q_BxKxGxLxH = q_BxLxNxH.reshape(B, L, K, N // K, H).transpose(0, 2, 3, 1, 4)
   scores = contract("bkglh,bkhs->bkgls", q_BxKxGxLxH, keys)
-  slot_S = jnp.arange(width * T)
+  slot_S = jnp.arange(S)
   visible_BxLxS = (slot_S <= pos_BxL[..., None]) & (slot_S < kv_len_B[:, None, None])
   scores = jnp.where(visible_BxLxS[:, None, None], scores * H**-0.5, MASKED)
   probs = jax.nn.softmax(scores, axis=-1).astype(dt)
@@ -145,7 +144,7 @@ def _gathered(q_BxLxNxH, k_pages, v_pages, table_BxW, pos_BxL, kv_len_B, *, widt
   return out.transpose(0, 3, 1, 2, 4).reshape(B, L, N, H)
 
 
-def _by_width(q_BxLxNxH, k_pages, v_pages, table_BxW, pos_BxL, kv_len_B, dt, slots_last):
+def _by_width(q_BxLxNxH, k_pages, v_pages, layer, table_BxW, pos_BxL, kv_len_B, dt, slots_last):
   """`_gathered` at the smallest of `page_widths` that holds every row's `kv_len_B` tokens."""
   T, W = v_pages.shape[-2], table_BxW.shape[1]
   widths = page_widths(W)
@@ -153,29 +152,51 @@ def _by_width(q_BxLxNxH, k_pages, v_pages, table_BxW, pos_BxL, kv_len_B, dt, slo
   index = jnp.minimum(jnp.sum(jnp.asarray(widths) < need), len(widths) - 1)
   gathered = functools.partial(_gathered, dt=dt, slots_last=slots_last)
   branches = [functools.partial(gathered, width=w) for w in widths]
-  args = (q_BxLxNxH, k_pages, v_pages, table_BxW, pos_BxL, kv_len_B)
+  args = (q_BxLxNxH, k_pages, v_pages, layer, table_BxW, pos_BxL, kv_len_B)
   return jax.lax.switch(index, branches, *args)
 
 
-def _gather_block(k_pages, v_pages, ids_Bxc, slots_last: bool):
+def _pages(pool, layer, ids_Bxc):
+  """`pool[:, ids_Bxc]` of a layer's pool, `[K, B, c, ...]`; of stacked pools (`layer` not
+  None), the same pages of that layer, gathered in one step from the stack (slicing the layer
+  out first would copy its whole pool)."""
+  if layer is None:
+    return pool[:, ids_Bxc]
+  return jnp.moveaxis(pool[layer, :, ids_Bxc], 2, 0)  # [B, c, K, ...] -> [K, B, c, ...]
+
+
+DECODE_BLOCK = 4  # pages a decode step's attention reads per iteration of its loop
+
+
+def _gather_block(k_pages, v_pages, layer, ids_Bxc, slots_last: bool):
   """The pages `ids_Bxc` of every row as the static sampler's cache lays out keys and values
   (`[B, K, H, S]` and `[B, K, S, H]`, S = c pages x T)."""
-  K, _, T, H = v_pages.shape
+  K, _, T, H = v_pages.shape[-4:]
   B, c = ids_Bxc.shape
   order = (1, 0, 3, 2, 4) if slots_last else (1, 0, 4, 2, 3)  # to [B, K, H, c, T]
-  keys = k_pages[:, ids_Bxc].transpose(order).reshape(B, K, H, c * T)
-  values = v_pages[:, ids_Bxc].transpose(1, 0, 2, 3, 4).reshape(B, K, c * T, H)
+  keys = _pages(k_pages, layer, ids_Bxc).transpose(order).reshape(B, K, H, c * T)
+  values = _pages(v_pages, layer, ids_Bxc).transpose(1, 0, 2, 3, 4).reshape(B, K, c * T, H)
   return keys, values
 
 
 def decode_attention(
-  q_BxNxH, k_pages, v_pages, table_BxW, kv_len_B, dt, *, slots_last=True, block=4
+  q_BxNxH,
+  k_pages,
+  v_pages,
+  table_BxW,
+  kv_len_B,
+  dt,
+  *,
+  slots_last=True,
+  block=DECODE_BLOCK,
+  layer=None,
 ):
   """One query per row over its pages, `block` pages at a time, in a loop that stops at the
   rows' longest: the softmax is kept running across blocks (flash-decoding), so no row's
-  whole cache is ever gathered into one copy, and a block's copy stays small."""
+  whole cache is ever gathered into one copy, and a block's copy stays small. `layer`: the
+  pools are stacked and this is the layer to read."""
   B, N, H = q_BxNxH.shape
-  K = v_pages.shape[0]
+  K = v_pages.shape[-4]
   T = v_pages.shape[-2]
   q_BxKxGx1xH = q_BxNxH.reshape(B, K, N // K, 1, H)
   table = jnp.pad(table_BxW, ((0, 0), (0, block)))
@@ -184,7 +205,7 @@ def decode_attention(
   def body(j, carry):
     m, total, acc = carry
     ids = jax.lax.dynamic_slice_in_dim(table, j * block, block, axis=1)
-    keys, values = _gather_block(k_pages, v_pages, ids, slots_last)
+    keys, values = _gather_block(k_pages, v_pages, layer, ids, slots_last)
     scores = contract("bkglh,bkhs->bkgls", q_BxKxGx1xH, keys)
     visible = j * block * T + jnp.arange(block * T) < kv_len_B[:, None]
     scores = jnp.where(visible[:, None, None, None], scores * H**-0.5, MASKED)
@@ -201,12 +222,23 @@ def decode_attention(
 
 
 def xla_attention(
-  q_BxLxNxH, k_pages, v_pages, table_BxW, pos_BxL, kv_len_B, dt, *, slots_last=True, groups=4
+  q_BxLxNxH,
+  k_pages,
+  v_pages,
+  table_BxW,
+  pos_BxL,
+  kv_len_B,
+  dt,
+  *,
+  slots_last=True,
+  groups=4,
+  layer=None,
 ):
   """Paged attention by gathering pages. The rows are taken in `groups` consecutive groups
   (when they divide), each at the smallest of `page_widths` that holds its longest row, so
   with rows sorted by length (as the engine keeps its slots) the pages gathered follow the
-  rows' lengths, not the longest row's. `slots_last`: the key pool's layout (`PagedLayer`)."""
+  rows' lengths, not the longest row's. `slots_last`: the key pool's layout (`PagedLayer`);
+  `layer`: the pools are stacked (`[layers, K, P, ...]`) and this is the layer to read."""
   B = q_BxLxNxH.shape[0]
   if B % groups or B < 4 * groups:
     groups = 1
@@ -214,11 +246,11 @@ def xla_attention(
   parts = [split(x) for x in (q_BxLxNxH, table_BxW, pos_BxL, kv_len_B)]
   if q_BxLxNxH.shape[1] == 1:  # a decode step (the query is the row's last token)
     one = lambda q, table, pos, kv_len: decode_attention(
-      q[:, 0], k_pages, v_pages, table, kv_len, dt, slots_last=slots_last
+      q[:, 0], k_pages, v_pages, table, kv_len, dt, slots_last=slots_last, layer=layer
     )[:, None]
   else:
     one = lambda q, table, pos, kv_len: _by_width(
-      q, k_pages, v_pages, table, pos, kv_len, dt, slots_last
+      q, k_pages, v_pages, layer, table, pos, kv_len, dt, slots_last
     )
   return jnp.concatenate([one(*part) for part in zip(*parts, strict=True)], axis=0)
 
@@ -254,12 +286,15 @@ def _local(q, k_new, v_new, k_pages, v_pages, layer, table, pos, write, kv_len, 
   layer = None if v_pages.ndim == 4 else layer  # stacked pools: the layer to use
   k_pages = _write(k_pages, k_new, table, pos, write, layer, slots_last=not kernel)
   v_pages = _write(v_pages, v_new, table, pos, write, layer, slots_last=False)
-  read = lambda x: x if layer is None else jax.lax.dynamic_index_in_dim(x, layer, keepdims=False)
-  k_layer, v_layer = read(k_pages), read(v_pages)
-  xla = lambda: xla_attention(q, k_layer, v_layer, table, pos, kv_len, dt, slots_last=not kernel)
+  xla = lambda: xla_attention(
+    q, k_pages, v_pages, table, pos, kv_len, dt, slots_last=not kernel, layer=layer
+  )
   if q.shape[1] != 1 or not kernel:
     return xla(), k_pages, v_pages
-  kernel_call = lambda: kernel_attention(q[:, 0], k_layer, v_layer, table, kv_len, dt)[:, None]
+  read = lambda x: x if layer is None else jax.lax.dynamic_index_in_dim(x, layer, keepdims=False)
+  kernel_call = lambda: kernel_attention(q[:, 0], read(k_pages), read(v_pages), table, kv_len, dt)[
+    :, None
+  ]
   out = jax.lax.platform_dependent(tpu=kernel_call, default=xla)
   return out, k_pages, v_pages
 

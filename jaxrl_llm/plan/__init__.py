@@ -18,6 +18,7 @@ runtime backend stays the CPU (`JAX_PLATFORMS=cpu`).
 from jaxrl_llm.plan.planner import (
   PlanError,
   compile_run,
+  decode_figures,
   engine_figures,
   iteration,
   knobs,
@@ -37,6 +38,7 @@ __all__ = [
   "Target",
   "TargetError",
   "compile_run",
+  "decode_figures",
   "engine_figures",
   "iteration",
   "knobs",

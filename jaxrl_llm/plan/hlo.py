@@ -3,8 +3,8 @@
 XLA's own `cost_analysis()` counts the body of every loop once, so a scan over the layers or
 over micro-batches would be counted as one layer or one micro-batch. This walks the
 module from its entry computation instead and multiplies each loop body by the trip count
-XLA proved for it (`known_trip_count`); a loop with no known count is counted once and
-reported in `unknown_loops`.
+XLA proved for it (`known_trip_count`); a loop with no known count is counted once (or as
+many times as the caller says) and reported in `unknown_loops`.
 
 Per device and per run of the program it sums:
 - `flops`: 2 x the multiply-adds of every dot and convolution (cuBLAS calls included);
@@ -291,12 +291,32 @@ def _collective_kind(opcode: str) -> str | None:
   return base if base in COLLECTIVES else None
 
 
+_IN_PLACE = ("dynamic-update-slice", "scatter")
+
+
+def _update(instr: Instr) -> str | None:
+  """The operand an in-place update writes into its buffer (operand 0): a
+  dynamic-update-slice's update or a single-operand scatter's updates; None otherwise."""
+  if instr.opcode == "dynamic-update-slice" and len(instr.operands) > 1:
+    return instr.operands[1]
+  if instr.opcode == "scatter" and len(instr.operands) == 3:
+    return instr.operands[2]
+  return None
+
+
 def _sliced_traffic(instr: Instr, shapes: dict[str, str]) -> float | None:
-  """HBM bytes a slice or an in-place update moves (not its whole buffer); None otherwise."""
+  """HBM bytes a slice, a gather or an in-place update moves (not its whole buffer); None
+  otherwise.
+  XLA updates a dynamic-update-slice's or a scatter's buffer in place (where it cannot, it
+  copies the buffer first, and the copy is counted)."""
   if instr.opcode == "dynamic-slice":
     return 2 * hbm_bytes(instr.shape)
-  if instr.opcode == "dynamic-update-slice" and len(instr.operands) > 1:
-    return 2 * hbm_bytes(shapes.get(instr.operands[1], ""))
+  if instr.opcode == "gather" and len(instr.operands) == 2:  # the rows it gathers, and ids
+    return 2 * hbm_bytes(instr.shape) + hbm_bytes(shapes.get(instr.operands[1], ""))
+  update = _update(instr)
+  if update is not None:
+    index = sum(hbm_bytes(shapes.get(o, "")) for o in instr.operands[1:-1])
+    return 2 * hbm_bytes(shapes.get(update, "")) + (index if instr.opcode == "scatter" else 0)
   return None
 
 
@@ -319,14 +339,15 @@ def _continuation(instr: Instr, fused: list[Instr], passthrough: set[str]) -> bo
 
 def _sliced_read(param: str, fused: list[Instr], computations: dict) -> float | None:
   """The bytes a fusion reads of its parameter `param` when it reads it only through
-  dynamic slices, directly or inside fusions nested in it (as the layer loop of a scanned
-  model reads its stacked weights); None when it reads more of it."""
+  dynamic slices or gathers (as an embedding lookup reads its table, or paged attention its
+  pages), directly or inside fusions nested in it (as the layer loop of a scanned model reads
+  its stacked weights); None when it reads more of it."""
   uses = [(i, k) for i in fused for k, o in enumerate(i.operands) if o == param]
   if not uses:
     return None
   total = 0.0
   for user, k in uses:
-    if user.opcode == "dynamic-slice" and k == 0:
+    if user.opcode in ("dynamic-slice", "gather") and k == 0:  # reads what it returns
       total += shape_bytes(user.shape)
       continue
     callee = _called(user.attrs, "calls") if user.opcode == "fusion" else []
@@ -345,10 +366,10 @@ def _fusion_traffic(
   instr: Instr, shapes: dict[str, str], fused: list[Instr], computations: dict | None = None
 ) -> float:
   """A fusion's HBM traffic: each operand read once and the result written once, except
-  that an operand the fusion only slices is read slice by slice, a buffer it updates in
-  place (a dynamic-update-slice root, as for a KV cache or a scan's stacked outputs) moves
-  only the update, buffers it passes through (`_passthrough`) move nothing, and neither do
-  operands and results in on-chip memory."""
+  that an operand the fusion only slices or gathers from is read slice by slice, a buffer it
+  updates in place (a dynamic-update-slice or scatter root, as for a KV cache, a page pool or
+  a scan's stacked outputs) moves only the update, buffers it passes through (`_passthrough`)
+  move nothing, and neither do operands and results in on-chip memory."""
   inner = {i.name: i for i in fused}
   passthrough = _passthrough(fused)
   users: dict[str, list[tuple[Instr, int]]] = {}
@@ -370,7 +391,7 @@ def _fusion_traffic(
     sliced = _sliced_read(p.name, fused, computations or {})
     if sliced is not None:
       total += sliced if hbm_bytes(outer) else 0.0
-    elif uses and all(u.opcode == "dynamic-update-slice" and k == 0 for u, k in uses):
+    elif uses and all(u.opcode in _IN_PLACE and k == 0 for u, k in uses):
       continue  # the buffer updated in place: counted with the result
     else:
       total += hbm_bytes(outer)
@@ -383,21 +404,22 @@ def _fusion_traffic(
   for out, result in zip(outputs, results, strict=True):
     if not hbm_bytes(result) or out is None or out.opcode == "parameter" or out.name in later:
       continue  # on chip, returned unchanged (aliased), or a later share of a collective
-    if out.opcode == "dynamic-update-slice" and out.operands[1:2]:
-      update = inner.get(out.operands[1])
+    if _update(out) is not None:
+      update = inner.get(_update(out))
       total += 2 * shape_bytes(update.shape) if update is not None else 0
     else:
       total += hbm_bytes(result)
   return total
 
 
-def analyze(text: str) -> Stats:
-  """Per-device FLOPs, HBM traffic and collectives of one run of the module."""
+def analyze(text: str, unknown_trips: float = 1.0) -> Stats:
+  """Per-device FLOPs, HBM traffic and collectives of one run of the module; a loop whose
+  trip count XLA could not prove is counted `unknown_trips` times (and in `unknown_loops`)."""
   computations, entry = parse(text)
-  return _visit(entry, True, computations, {})
+  return _visit(entry, True, computations, {}, unknown_trips)
 
 
-def _visit(name: str, top_level: bool, computations: dict, memo: dict) -> Stats:
+def _visit(name: str, top_level: bool, computations: dict, memo: dict, trips: float) -> Stats:
   """One computation's stats, its callees' included (memoised by name and level)."""
   key = (name, top_level)
   if key in memo:
@@ -406,10 +428,10 @@ def _visit(name: str, top_level: bool, computations: dict, memo: dict) -> Stats:
   instrs = computations.get(name, [])
   shapes = {i.name: i.shape for i in instrs}
   passthrough = set() if top_level else _passthrough(instrs)
-  visit = lambda callee, level=top_level: _visit(callee, level, computations, memo)
+  visit = lambda callee, level=top_level: _visit(callee, level, computations, memo, trips)
   for instr in instrs:
     operand_bytes = sum(shape_bytes(shapes.get(o, "")) for o in instr.operands)
-    if _control_flow(instr, computations, visit, stats, operand_bytes):
+    if _control_flow(instr, computations, visit, stats, operand_bytes, trips):
       continue
     stats.flops += _instruction_flops(instr, shapes)
     _count_collective(instr, instrs, passthrough, top_level, operand_bytes, stats)
@@ -419,13 +441,14 @@ def _visit(name: str, top_level: bool, computations: dict, memo: dict) -> Stats:
   return stats
 
 
-def _control_flow(instr, computations, visit, stats: Stats, operand_bytes) -> bool:
-  """Adds what `instr` calls: a loop's body times its trip count, a conditional's costliest
-  branch, a call's or fusion's callee. True when nothing else of `instr` is counted."""
+def _control_flow(instr, computations, visit, stats: Stats, operand_bytes, trips=1.0) -> bool:
+  """Adds what `instr` calls: a loop's body times its trip count (`trips` when unknown), a
+  conditional's costliest branch, a call's or fusion's callee. True when nothing else of
+  `instr` is counted."""
   op = instr.opcode
   if op == "while":
     trip = _trip_count(instr, computations)
-    n = 1 if trip is None else trip
+    n = trips if trip is None else trip
     stats.unknown_loops += trip is None
     stats.add(visit(_attr(instr.attrs, "body")), n)
     stats.add(visit(_attr(instr.attrs, "condition")), n + 1)

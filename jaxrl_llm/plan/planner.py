@@ -11,6 +11,7 @@ from pathlib import Path
 import jax
 
 from jaxrl_llm.models import lora as lora_lib
+from jaxrl_llm.models import paged
 from jaxrl_llm.models.sharding import MESH_AXES, make_mesh
 from jaxrl_llm.plan import hlo
 from jaxrl_llm.plan import programs as programs_lib
@@ -88,10 +89,12 @@ def run_mesh(cfg: TrainConfig, devices, num_slices: int = 1):
 _OOM = re.compile(r"RESOURCE_EXHAUSTED|exceeds available|Ran out of memory|out of memory", re.I)
 
 
-def _measure(name, compiled, state_arg_bytes: int, resident: int, target: Target) -> dict:
+def _measure(
+  name, compiled, state_arg_bytes: int, resident: int, target: Target, unknown_trips: float = 1
+) -> dict:
   chip = target.chip
   mem = compiled.memory_analysis()
-  stats = hlo.analyze(compiled.as_text())
+  stats = hlo.analyze(compiled.as_text(), unknown_trips)
   row = {
     "program": name,
     "argument_bytes": int(mem.argument_size_in_bytes),
@@ -254,7 +257,11 @@ def engine_figures(run, rows: list[dict], target: Target, log=print) -> dict:
   live = device_bytes(args[1].pools)
   pool = device_bytes(programs_lib.engine_state(run, programs_lib.engine_layout(run)).pools)
   weights = device_bytes(run.decode_params)
-  row = _measure("engine_decode_step", compiled, weights, programs_lib.resident_bytes(run), target)
+  # The step's only loops of unknown trip count are its attention's, over a row's pages a
+  # block at a time up to the longest row: ceil(pages / block) trips for rows of this length.
+  blocks = -(-lay.table_width // paged.DECODE_BLOCK)
+  resident = programs_lib.resident_bytes(run)
+  row = _measure("engine_decode_step", compiled, weights, resident, target, blocks)
   row["peak_bytes"] += pool - live
   row["fits"] = row["peak_bytes"] <= target.chip.hbm_bytes
   roofline = (weights + live) / target.chip.hbm_bandwidth
@@ -271,6 +278,8 @@ def engine_figures(run, rows: list[dict], target: Target, log=print) -> dict:
     "step_s": step,
     "step_over_roofline": step / roofline,
     "tokens_per_s_per_chip": slots / step / target.devices,
+    "hbm_bytes": row["hbm_bytes"],
+    "attention_blocks": blocks,
     "peak_bytes": row["peak_bytes"],
     "fits": row["fits"],
   }

@@ -275,8 +275,11 @@ def _replicated(run: Run, x):
 
 
 def engine_decode_program(run: Run, lay: engine.Layout):
-  """One decode iteration of the rollout engine (each busy slot samples, records, retires or
-  grows, and runs the model on its token), `(jitted, abstract args)`; the state is donated."""
+  """One decode iteration of the rollout engine with every slot busy (each slot samples,
+  records, retires or grows, and runs the model on its token), `(jitted, abstract args)`; the
+  state is donated. Only the step on all the slots is compiled (the smaller slot-count
+  buckets run when slots are idle, and a step runs one of them), and the page pools take the
+  layout the compiler picks, as inside the engine's loop."""
   eos_ids, sampling, mesh = run.eos_ids, _sampling(run), run.decode_mesh
   lanes = engine.lanes_of(lay)
 
@@ -285,12 +288,24 @@ def engine_decode_program(run: Run, lay: engine.Layout):
     run_ = engine.Run(key, jnp.asarray(eos_ids, jnp.int32), sampling, jnp.zeros((), jnp.int32))
     with rows_over(mesh):
       unembedding = model.unembedding_VxD()
-      return engine.decode(model, unembedding, state, lay, lanes, lens_DxQ, run_)
+      return engine.decode(
+        model, unembedding, state, lay, lanes, lens_DxQ, run_, buckets=(lay.slots,)
+      )
 
   state = engine_state(run, lay)
   lens = run.rows((lay.lanes, lay.prompts), jnp.int32, mesh=mesh)
   key = jax.ShapeDtypeStruct((), jax.eval_shape(lambda: jax.random.key(0)).dtype)
-  return jax.jit(decode_step, donate_argnums=1), (run.decode_params, state, lens, key)
+  replicated = NamedSharding(mesh, P())
+  sharding = lambda x: x.sharding if x.sharding is not None else replicated
+  formats = jax.tree.map(lambda x: Format(Layout.AUTO, sharding(x)), state)
+  params = jax.tree.map(sharding, run.decode_params)
+  step = jax.jit(
+    decode_step,
+    donate_argnums=1,
+    in_shardings=(params, formats, sharding(lens), replicated),
+    out_shardings=formats,
+  )
+  return step, (run.decode_params, state, lens, key)
 
 
 def _kv(run: Run, x, row_axis: int):

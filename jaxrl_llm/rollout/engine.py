@@ -521,15 +521,20 @@ def _compact(st: State, lay: Layout) -> State:
   return st._replace(**{f: take(getattr(st, f)) for f in _SLOT_FIELDS})
 
 
-def decode(model, unembedding, st: State, lay: Layout, lanes: Lanes, lens_DxQ, run) -> State:
+def decode(
+  model, unembedding, st: State, lay: Layout, lanes: Lanes, lens_DxQ, run, buckets=None
+) -> State:
   """One decode step of every busy slot (see the module docstring). The slots are first
-  compacted, busy ones first, and the step runs on the smallest of `row_buckets` that holds
-  them: the rows that ended cost nothing once their slots are left idle."""
+  compacted, busy ones first, and the step runs on the smallest of `buckets` (default
+  `row_buckets`) that holds them: the rows that ended cost nothing once their slots are left
+  idle."""
   st = _compact(st, lay)
   busy = jnp.max(jnp.sum(st.slot_row_DxS < lay.rows, axis=1))
-  buckets = row_buckets(lay.slots)
+  buckets = row_buckets(lay.slots) if buckets is None else buckets
   index = jnp.minimum(jnp.sum(jnp.asarray(buckets) < busy), len(buckets) - 1)
   step = functools.partial(_decode_first, model, unembedding, lay=lay, lanes=lanes, run=run)
+  if len(buckets) == 1:
+    return step(st, lens_DxQ, n=buckets[0])
   for i, n in enumerate(buckets):  # one runs: loops, not a switch (see `run_if`)
     st = run_if(index == i, lambda st, n=n: step(st, lens_DxQ, n=n), st)
   return st

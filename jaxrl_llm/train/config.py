@@ -214,6 +214,12 @@ class RolloutSection:
   # Rows (prompts x group_size) decoded at once; a rollout with more goes in waves of
   # max_rows // group_size prompts, with the same samples. 0: one wave.
   max_rows: int = at_least(0, 0)
+  # "engine": continuous batching over a paged KV cache (rollout/engine.py). "static": every
+  # row of a wave decodes until the longest ends, over a contiguous cache (rollout/sampler.py);
+  # the planner finds it the faster on TPU for heads of 64 (below the TPU paged-attention
+  # kernel's 128), where the engine's page writes copy the page pools (docs/planning.md).
+  # Multi-turn episodes always use the engine.
+  sampler: str = "engine"
   # The rollout engine (rollout/engine.py); none of these three changes a sample.
   # Rows decoded at once (a row that ends frees its slot for the next waiting row; 0: one
   # slot per row; a multiple of the decode mesh's row groups, devices / tensor).

@@ -256,6 +256,7 @@ class Learner:
       params=self.decode_params(params, mesh),
       mesh=mesh,
       max_rows=r.max_rows,
+      static=r.sampler == "static",
       decode_slots=r.decode_slots,
       page_size=r.page_size,
       prefill_chunk=r.prefill_chunk,

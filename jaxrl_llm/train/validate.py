@@ -252,6 +252,11 @@ def _rollout(cfg: TrainConfig) -> None:
   r = cfg.rollout
   _check(r.mode in ("sync", "async"), f"config.rollout.mode={r.mode!r}; use 'sync' or 'async'.")
   _check(
+    r.sampler in ("engine", "static"),
+    f"config.rollout.sampler={r.sampler!r}; use 'engine' (continuous batching over paged KV) "
+    "or 'static' (every row until the longest ends).",
+  )
+  _check(
     r.dynamic_sampling_metric in ("accuracy", "score"),
     f"config.rollout.dynamic_sampling_metric={r.dynamic_sampling_metric!r}; use 'accuracy' "
     "(the task's correctness reward) or 'score' (the weighted total).",
@@ -282,6 +287,11 @@ def _env(cfg: TrainConfig) -> None:
     f"at least one turn of config.rollout.max_new_tokens={r.max_new_tokens}.",
   )
   _kwargs(e.kwargs, "env.kwargs")
+  _check(
+    r.sampler == "engine",
+    "config.env.name: episodes keep each row's slot and KV pages across its turns, which "
+    "only the engine does; set config.rollout.sampler='engine'.",
+  )
   _check(
     r.mode == "sync" and not r.off_policy_steps and not r.dynamic_sampling,
     "config.env.name: episodes are played on-policy, turn by turn with the current params; "

@@ -292,9 +292,10 @@ def _local(q, k_new, v_new, k_pages, v_pages, layer, table, pos, write, kv_len, 
   if q.shape[1] != 1 or not kernel:
     return xla(), k_pages, v_pages
   read = lambda x: x if layer is None else jax.lax.dynamic_index_in_dim(x, layer, keepdims=False)
-  kernel_call = lambda: kernel_attention(q[:, 0], read(k_pages), read(v_pages), table, kv_len, dt)[
-    :, None
-  ]
+
+  def kernel_call():
+    return kernel_attention(q[:, 0], read(k_pages), read(v_pages), table, kv_len, dt)[:, None]
+
   out = jax.lax.platform_dependent(tpu=kernel_call, default=xla)
   return out, k_pages, v_pages
 

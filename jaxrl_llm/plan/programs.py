@@ -213,7 +213,7 @@ def decode_program(run: Run, carry_shardings=None):
   # The KV cache in the layout the compiler picks for it, as inside the sampler's decode
   # loop (compiled alone with the default layout, the step would convert it twice a step).
   replicated = NamedSharding(run.decode_mesh, P())
-  sharding = lambda x: x.sharding if x.sharding is not None else replicated
+  sharding = _placed(run)
   auto = lambda x: Format(Layout.AUTO, sharding(x))
   carry_formats = jax.tree.map(sharding, carry)
   layers = jax.tree.map(auto, carry.cache.layers)
@@ -226,6 +226,12 @@ def decode_program(run: Run, carry_shardings=None):
     out_shardings=carry_formats,
   )
   return step, (run.decode_params, carry, key)
+
+
+def _placed(run: Run):
+  """An abstract array's sharding, or replicated over the decode mesh where it has none."""
+  replicated = NamedSharding(run.decode_mesh, P())
+  return lambda x: x.sharding if x.sharding is not None else replicated
 
 
 def engine_layout(run: Run, mean_completion: float | None = None) -> engine.Layout:
@@ -296,7 +302,7 @@ def engine_decode_program(run: Run, lay: engine.Layout):
   lens = run.rows((lay.lanes, lay.prompts), jnp.int32, mesh=mesh)
   key = jax.ShapeDtypeStruct((), jax.eval_shape(lambda: jax.random.key(0)).dtype)
   replicated = NamedSharding(mesh, P())
-  sharding = lambda x: x.sharding if x.sharding is not None else replicated
+  sharding = _placed(run)
   formats = jax.tree.map(lambda x: Format(Layout.AUTO, sharding(x)), state)
   params = jax.tree.map(sharding, run.decode_params)
   step = jax.jit(

@@ -68,6 +68,12 @@ from jaxrl_llm.core.policy_loss import (
   reinforce,
   sapo,
 )
+from jaxrl_llm.core.preference import (
+  RunningMoments,
+  bradley_terry_loss,
+  running_moments_init,
+  running_moments_update,
+)
 from jaxrl_llm.core.stats import (
   masked_max,
   masked_mean,
@@ -79,6 +85,10 @@ from jaxrl_llm.core.stats import (
 from jaxrl_llm.core.value_loss import clipped_value_loss
 
 __all__ = [
+  "RunningMoments",
+  "bradley_terry_loss",
+  "running_moments_init",
+  "running_moments_update",
   "CORRECTIONS",
   "corrected_policy_loss",
   "icepop",

@@ -2,7 +2,14 @@
 
 from jaxrl_llm.models.config import ModelConfig, RopeScaling, from_hf_config, to_hf_config
 from jaxrl_llm.models.heads import RewardModel, ScalarHeadModel, ValueModel
-from jaxrl_llm.models.hf import CheckpointError, end_token_ids, load_model, save_model
+from jaxrl_llm.models.hf import (
+  CheckpointError,
+  end_token_ids,
+  load_model,
+  load_reward_model,
+  save_model,
+  save_reward_model,
+)
 from jaxrl_llm.models.tokenizer import CharTokenizer, HFTokenizer, load_tokenizer
 from jaxrl_llm.models.transformer import (
   CausalLM,
@@ -33,9 +40,11 @@ __all__ = [
   "from_hf_config",
   "init_cache",
   "load_model",
+  "load_reward_model",
   "load_tokenizer",
   "logical_axes",
   "positions_from_mask",
   "save_model",
+  "save_reward_model",
   "to_hf_config",
 ]

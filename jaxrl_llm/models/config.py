@@ -9,6 +9,11 @@ import jax.numpy as jnp
 from jaxrl_llm.models.lora import LoraConfig
 
 ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2"}
+# Reward models in transformers' layout: the backbone plus `score.weight`, one label.
+SEQUENCE_CLASSIFIERS = {
+  "LlamaForSequenceClassification": "llama",
+  "Qwen2ForSequenceClassification": "qwen2",
+}
 
 # What a decoder block's backward pass keeps (None: everything, no recomputation). The
 # names after "full" are `jax.checkpoint_policies` members.
@@ -139,13 +144,14 @@ def from_hf_config(
   """Builds a ModelConfig from a parsed Hugging Face `config.json` (`remat`, `scan_layers`
   and `attention_chunk`: see `ModelConfig`)."""
   archs = hf.get("architectures") or []
-  arch = next((ARCHITECTURES[a] for a in archs if a in ARCHITECTURES), None)
+  known = ARCHITECTURES | SEQUENCE_CLASSIFIERS
+  arch = next((known[a] for a in archs if a in known), None)
   if arch is None:
     arch = {"llama": "llama", "qwen2": "qwen2"}.get(hf.get("model_type"))
   if arch is None:
     raise ValueError(
       f"config.json: architecture {archs or hf.get('model_type')!r} is not supported; "
-      f"supported: {sorted(ARCHITECTURES)}."
+      f"supported: {sorted(ARCHITECTURES | SEQUENCE_CLASSIFIERS)}."
     )
   if hf.get("hidden_act", "silu") != "silu":
     raise ValueError(f"config.json: hidden_act {hf['hidden_act']!r} is not supported (silu).")

@@ -2,6 +2,8 @@
 
   model = load_model("/path/to/Qwen2.5-0.5B-Instruct", dtype=jnp.bfloat16)
   save_model(model, "/path/to/out")       # transformers' from_pretrained reads it
+  rm = load_reward_model("/path/to/a/Qwen2ForSequenceClassification")
+  save_reward_model(rm, "/path/to/out", pad_token_id=0)
 
 Tensors are read one at a time into an abstract (shape-only) model, converted to
 our layout and placed (optionally straight onto their shardings), so peak host
@@ -22,7 +24,13 @@ import safetensors
 from flax import nnx
 from safetensors.numpy import save_file
 
-from jaxrl_llm.models.config import ModelConfig, from_hf_config, to_hf_config
+from jaxrl_llm.models.config import (
+  SEQUENCE_CLASSIFIERS,
+  ModelConfig,
+  from_hf_config,
+  to_hf_config,
+)
+from jaxrl_llm.models.heads import RewardModel
 from jaxrl_llm.models.transformer import CausalLM
 
 SINGLE_FILE = "model.safetensors"
@@ -88,6 +96,14 @@ def tensor_specs(cfg: ModelConfig) -> list[TensorSpec]:
   if not cfg.tie_word_embeddings:
     specs.append(TensorSpec("lm_head.weight", ("lm_head_DxV",), (V, D), (D, V), True))
   return specs
+
+
+def reward_tensor_specs(cfg: ModelConfig) -> list[TensorSpec]:
+  """Every tensor of a `*ForSequenceClassification` checkpoint with one label: the backbone
+  and `score.weight` `[1, D]`, our `RewardModel.head_D` (transformers' score has no bias)."""
+  backbone = [spec for spec in tensor_specs(cfg) if spec.hf_name != "lm_head.weight"]
+  D = cfg.hidden_size
+  return [*backbone, TensorSpec("score.weight", ("head_D",), (1, D), (D,), False)]
 
 
 def read_config(path) -> dict:
@@ -202,28 +218,80 @@ def load_model(
       shape mismatch; the message names the tensor and the file.
   """
   path = Path(path)
-  try:
-    cfg = from_hf_config(
-      read_config(path),
-      param_dtype=param_dtype or dtype,
-      dtype=dtype,
-      remat=remat,
-      scan_layers=scan_layers,
-      attention_chunk=attention_chunk,
+  hf = read_config(path)
+  if set(hf.get("architectures") or ()) & set(SEQUENCE_CLASSIFIERS):
+    raise CheckpointError(
+      f"{path / 'config.json'}: {hf['architectures']} is a reward model (a sequence "
+      "classifier, no language-model head); load it with `load_reward_model`."
     )
+  kwargs = dict(remat=remat, scan_layers=scan_layers, attention_chunk=attention_chunk)
+  cfg = _config(path, hf, dtype=dtype, param_dtype=param_dtype or dtype, **kwargs)
+  return _load(path, cfg, CausalLM, tensor_specs(cfg), sharding)
+
+
+def load_reward_model(
+  path,
+  *,
+  dtype=jnp.float32,
+  param_dtype=None,
+  sharding: Callable[[tuple[str, ...]], jax.sharding.Sharding] | None = None,
+  remat: str = "none",
+  scan_layers: bool = False,
+  attention_chunk: int = 0,
+) -> RewardModel:
+  """Loads a local `LlamaForSequenceClassification` or `Qwen2ForSequenceClassification`
+  directory with one label as a `RewardModel`: its score at each row's last real token equals
+  transformers' logit (transformers finds that token by `pad_token_id`, we by the mask).
+  Arguments as in `load_model`; the head stays float32.
+
+  Raises:
+    CheckpointError: not a one-label sequence classifier, or a tensor missing, unexpected or
+      of the wrong shape; the message names the key or tensor and the file.
+  """
+  path = Path(path)
+  hf = read_config(path)
+  archs = hf.get("architectures") or []
+  if not set(archs) & set(SEQUENCE_CLASSIFIERS):
+    raise CheckpointError(
+      f"{path / 'config.json'}: architectures {archs} is not a reward model; pass a directory "
+      f"with one of {sorted(SEQUENCE_CLASSIFIERS)} (a causal LM loads with `load_model`, and "
+      "`RewardModel.from_policy` puts a fresh head on it)."
+    )
+  labels = hf.get("num_labels", len(hf.get("id2label") or {0: "LABEL_0", 1: "LABEL_1"}))
+  if labels != 1:
+    raise CheckpointError(
+      f"{path / 'config.json'}: a reward model has one label (a scalar score); this one has "
+      f"{labels} (id2label); export it with num_labels=1."
+    )
+  kwargs = dict(remat=remat, scan_layers=scan_layers, attention_chunk=attention_chunk)
+  cfg = _config(path, hf, dtype=dtype, param_dtype=param_dtype or dtype, **kwargs)
+  return _load(path, cfg, RewardModel, reward_tensor_specs(cfg), sharding)
+
+
+def _config(path: Path, hf: dict, **kwargs) -> ModelConfig:
+  try:
+    return from_hf_config(hf, **kwargs)
   except (KeyError, ValueError) as e:
     reason = str(e).removeprefix("config.json: ")
     raise CheckpointError(f"{path / 'config.json'}: {reason}") from None
+
+
+def _load(path: Path, cfg: ModelConfig, cls, specs: list[TensorSpec], sharding):
+  """An abstract `cls(cfg)` filled from the directory's tensors (`specs`); any parameter the
+  files do not hold (a reward model's bias, 0) gets its init value."""
   files = tensor_files(path)
-  specs = {spec.hf_name: spec for spec in tensor_specs(cfg)}
+  specs = {spec.hf_name: spec for spec in specs}
   _check_tensor_names(path, cfg, files, specs)
-  abstract = nnx.eval_shape(lambda: CausalLM(cfg, rngs=nnx.Rngs(0)))
+  abstract = nnx.eval_shape(lambda: cls(cfg, rngs=nnx.Rngs(0)))
   graphdef, state = nnx.split(abstract)
   params = nnx.to_pure_dict(state)
   place = lambda at, value: jax.device_put(
     value, None if sharding is None else sharding(_get(state, at).logical_axes, value.shape)
   )
   _read_tensors(cfg, files, specs, params, place)
+  if "head_bias" in params:  # a reward model: its head is float32 at any param dtype
+    params["head_D"] = params["head_D"].astype(jnp.float32)
+    params["head_bias"] = place(("head_bias",), np.zeros((), np.float32))
   nnx.replace_by_pure_dict(state, params)
   return nnx.merge(graphdef, state)
 
@@ -304,10 +372,36 @@ def _tensor(cfg: ModelConfig, params: dict, path: tuple):
 def save_model(model: CausalLM, path, *, max_shard_bytes: int = 5 * 2**30) -> Path:
   """Writes `model` as a Hugging Face directory (config.json, generation_config.json,
   safetensors, sharded above `max_shard_bytes`) that `from_pretrained` loads."""
+  return _save(model, to_hf_config(model.cfg), tensor_specs(model.cfg), path, max_shard_bytes)
+
+
+def save_reward_model(
+  model: RewardModel, path, *, pad_token_id: int, max_shard_bytes: int = 5 * 2**30
+) -> Path:
+  """Writes `model` as a one-label `*ForSequenceClassification` directory that
+  `AutoModelForSequenceClassification.from_pretrained` loads. transformers finds each row's
+  last token by `pad_token_id` (the tokenizer's pad id), so it goes into config.json; its
+  score has no bias, so the model's `head_bias` must be 0 (the reward trainer keeps it so)."""
+  bias = float(jax.device_get(model.head_bias[...]))
+  if bias != 0.0:
+    raise ValueError(
+      f"head_bias is {bias}; transformers' score layer has no bias. Subtract it from the "
+      "scores (a constant shift leaves every preference unchanged) and set it to 0 first."
+    )
+  hf = to_hf_config(model.cfg)
+  hf["architectures"] = [
+    next(k for k, v in SEQUENCE_CLASSIFIERS.items() if v == model.cfg.architecture)
+  ]
+  hf.update(num_labels=1, id2label={"0": "LABEL_0"}, label2id={"LABEL_0": 0})
+  hf["pad_token_id"] = int(pad_token_id)
+  return _save(model, hf, reward_tensor_specs(model.cfg), path, max_shard_bytes)
+
+
+def _save(model, hf_config: dict, specs: list[TensorSpec], path, max_shard_bytes: int) -> Path:
   path = Path(path)
   path.mkdir(parents=True, exist_ok=True)
   cfg = model.cfg
-  (path / "config.json").write_text(json.dumps(to_hf_config(cfg), indent=2) + "\n")
+  (path / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
   generation = {
     k: v
     for k, v in (("bos_token_id", cfg.bos_token_id), ("eos_token_id", cfg.eos_token_id))
@@ -317,7 +411,7 @@ def save_model(model: CausalLM, path, *, max_shard_bytes: int = 5 * 2**30) -> Pa
   params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
   shards: list[dict[str, np.ndarray]] = [{}]
   size = 0
-  for spec in tensor_specs(cfg):
+  for spec in specs:
     tensor = spec.to_hf(np.asarray(jax.device_get(_tensor(cfg, params, spec.path))))
     if shards[-1] and size + tensor.nbytes > max_shard_bytes:
       shards.append({})

@@ -145,7 +145,8 @@ def _lora_base(cfg, recorded: dict) -> nnx.State:
   return frozen
 
 
-def _copy_tokenizer(meta: dict, out: Path) -> None:
+def copy_tokenizer(meta: dict, out: Path) -> None:
+  """The tokenizer a checkpoint's metadata names, written or copied into `out`."""
   tok = meta.get("tokenizer", {})
   if tok.get("kind") == "char":
     CharTokenizer(tok["alphabet"], tok["with_bos"], tuple(tok.get("tokens", ()))).save(out)
@@ -182,11 +183,11 @@ def export(
     base_path = (meta.get("lora_base") or {}).get("path")
     if base_path is None:  # the run made its base: write it beside the adapter
       base_path = str(save_model(lora_lib.merge_adapters(model, adapters=False), out / "base"))
-      _copy_tokenizer(meta, Path(base_path))
+      copy_tokenizer(meta, Path(base_path))
     save_adapter(model, out, base_path)
     return out
   out = save_model(lora_lib.merge_adapters(model) if merge else model, out)
-  _copy_tokenizer(meta, out)
+  copy_tokenizer(meta, out)
   return out
 
 

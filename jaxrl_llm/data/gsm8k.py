@@ -5,13 +5,13 @@ ends in `#### <number>` (the format of openai/gsm8k). TFDS's own `gsm8k` builder
 gives the same fields to users with network: `tfds.load("gsm8k")`.
 """
 
-import json
 import zlib
 from pathlib import Path
 
 import numpy as np
 
 from jaxrl_llm.common.answers import extract_answer
+from jaxrl_llm.data.files import read_records
 
 PROMPT = "Question: {question}\nAnswer:"
 
@@ -23,17 +23,7 @@ def load_gsm8k_file(path, template: str = PROMPT) -> list[dict]:
   question. Raises ValueError naming the file and line of a malformed record.
   """
   path = Path(path)
-  if not path.exists():
-    raise FileNotFoundError(f"{path} does not exist; give a GSM8K-format .jsonl or .parquet file.")
-  if path.suffix == ".parquet":
-    try:
-      import pyarrow.parquet as pq
-    except ImportError:
-      raise ImportError(f"reading {path} needs pyarrow: pip install pyarrow") from None
-
-    records = enumerate(pq.read_table(path).to_pylist(), start=1)
-  else:
-    records = _jsonl(path)
+  records = read_records(path, "GSM8K-format")
   out = []
   for line, record in records:
     where = f"{path}:{line}"
@@ -60,17 +50,6 @@ def load_gsm8k_file(path, template: str = PROMPT) -> list[dict]:
   if not out:
     raise ValueError(f"{path} holds no records.")
   return out
-
-
-def _jsonl(path: Path):
-  with path.open() as f:
-    for line, text in enumerate(f, start=1):
-      if not text.strip():
-        continue
-      try:
-        yield line, json.loads(text)
-      except json.JSONDecodeError as e:
-        raise ValueError(f"{path}:{line}: not valid JSON ({e.msg}).") from None
 
 
 class GSM8KFile:

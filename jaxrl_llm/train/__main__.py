@@ -38,10 +38,18 @@ def main(argv):
   if jax.process_index() == 0:
     print(f"run: {cfg.describe()}", flush=True)
   try:
-    summary = train(cfg)
+    if cfg.run.job == "reward_model":
+      from jaxrl_llm.train.reward_model import train_reward_model
+
+      summary = train_reward_model(cfg)
+    else:
+      summary = train(cfg)
   except ConfigError as e:
     sys.exit(f"config error: {e}")
   if jax.process_index() != 0:
+    return
+  if cfg.run.job == "reward_model":
+    _print_reward_model(summary)
     return
   print(f"metrics: {summary['metrics']}")
   if summary["preempted"]:
@@ -50,6 +58,18 @@ def main(argv):
   print(
     f"heldout_accuracy before={summary['heldout_accuracy_before']:.3f} "
     f"after={summary['heldout_accuracy_after']:.3f}"
+  )
+
+
+def _print_reward_model(summary: dict) -> None:
+  print(f"metrics: {summary['metrics']}")
+  if summary["preempted"]:
+    print(f"preempted: saved step {summary['preempted']}; run the same command to resume.")
+    return
+  print(f"reward model: {summary['reward_model']}")
+  print(
+    f"heldout_pair_accuracy before={summary['heldout_pair_accuracy_before']:.3f} "
+    f"after={summary['heldout_pair_accuracy_after']:.3f}"
   )
 
 

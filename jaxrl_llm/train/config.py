@@ -337,7 +337,8 @@ class MeshSection:
 
 @dataclasses.dataclass(frozen=True)
 class RunSection:
-  steps: int = at_least(100, 0)  # RL steps at most
+  job: str = "rl"  # "rl": the policy; "reward_model": a reward model (config.reward_model)
+  steps: int = at_least(100, 0)  # RL steps at most (a reward model's steps)
   # > 0: stop once this many completions have been sampled (dynamic sampling's extra rounds
   # count), at most run.steps steps; the way to compare methods at equal samples.
   sample_budget: int = at_least(0, 0, hint="0: run.steps alone")
@@ -349,6 +350,26 @@ class RunSection:
   tensorboard: bool = True  # also write TensorBoard files under <workdir>/tb
   progress: bool = True  # a progress bar over the steps
   peak_flops_per_device: float | None = above(None, 0)  # MFU's; None: known or measured
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardModelSection:
+  """A reward model trained on preference pairs (`run.job='reward_model'`): the policy's
+  backbone (`model.*`) with a scalar head, the Bradley-Terry loss, `run.steps` steps of
+  `batch_size` pairs; `optim`, `mesh`, `checkpoint` and `run` as for RL. A pair's text is
+  its prompt (a chat prompt rendered by the tokenizer's template, as RL prompts are) then
+  the response, which is how `rewards.model_path` scores completions."""
+
+  train_path: str = ""  # a local .jsonl or .parquet file of preference pairs
+  test_path: str = ""  # held-out pairs; "": test_fraction of train_path (by a hash of each)
+  test_fraction: float = between(0.1, 0, 1, low_open=True, high_open=True)  # held out of train_path
+  prompt_key: str = "prompt"  # "": chosen and rejected are whole conversations
+  chosen_key: str = "chosen"  # the preferred response: text, or chat messages
+  rejected_key: str = "rejected"  # the other response to the same prompt
+  margin_key: str = ""  # a column of per-pair margins (how much more chosen is preferred)
+  max_length: int = at_least(256, 2)  # tokens scored per text; longer texts keep their last
+  batch_size: int = at_least(32, 1)  # pairs per step (divisible by data x fsdp)
+  center_coef: float = at_least(0.0, 0)  # pulls scores to mean 0 (TRL suggests 0.01)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -394,6 +415,7 @@ class TrainConfig:
   warmstart: WarmstartSection = WarmstartSection()
   mesh: MeshSection = MeshSection()
   run: RunSection = RunSection()
+  reward_model: RewardModelSection = RewardModelSection()
   checkpoint: CheckpointSection = CheckpointSection()
   distributed: DistributedSection = DistributedSection()
 
@@ -458,6 +480,12 @@ class TrainConfig:
   def describe(self) -> str:
     """One line naming the algorithm as configured (the CLI prints it first)."""
     a, r = self.algo, self.rollout
+    if self.run.job == "reward_model":
+      m = self.reward_model
+      return (
+        f"reward model, Bradley-Terry loss (centering {m.center_coef}) on {m.train_path}; "
+        f"{m.batch_size} pairs a step, {self.run.steps} steps"
+      )
     if a.kl_coef > 0 and a.kl_placement != "none":
       kl = f"{a.kl_estimator} KL in the {a.kl_placement} (coef {a.kl_coef}, {a.kl_mode})"
     else:

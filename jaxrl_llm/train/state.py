@@ -129,6 +129,19 @@ def entropy_controller(cfg: TrainConfig) -> core.EntropyController:
   )
 
 
+def opt_shardings(optimizer, opt_state, params, replicated):
+  """An optimizer state's shardings: moments like their params' (`params`: a sharding per
+  Variable), the rest (counts) `replicated`."""
+  return optax.tree_map_params(
+    optimizer,
+    lambda _, s: s,
+    opt_state,
+    params,
+    transform_non_params=lambda _: replicated,
+    is_leaf=lambda x: isinstance(x, nnx.Variable),
+  )
+
+
 def state_shardings(
   cfg: TrainConfig, abstract: TrainState, mesh, optimizers, rules=DEFAULT_RULES
 ) -> TrainState:
@@ -142,15 +155,7 @@ def state_shardings(
   def opt(opt_state, param_state, optimizer):
     if opt_state is None:
       return None
-    shardings = params(param_state)
-    return optax.tree_map_params(
-      optimizer,
-      lambda _, s: s,
-      opt_state,
-      shardings,
-      transform_non_params=lambda _: replicated,
-      is_leaf=lambda x: isinstance(x, nnx.Variable),
-    )
+    return opt_shardings(optimizer, opt_state, params(param_state), replicated)
 
   return TrainState(
     step=replicated,

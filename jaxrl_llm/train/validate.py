@@ -330,6 +330,15 @@ def _batching(cfg: TrainConfig) -> None:
 
 def _run(cfg: TrainConfig) -> None:
   _check(
+    cfg.run.job in ("rl", "reward_model"),
+    f"config.run.job={cfg.run.job!r}; use 'rl' or 'reward_model'.",
+  )
+  _check(
+    cfg.run.job != "reward_model" or bool(cfg.reward_model.train_path),
+    "config.run.job='reward_model' needs config.reward_model.train_path: a local .jsonl or "
+    ".parquet file of preference pairs (prompt, chosen, rejected).",
+  )
+  _check(
     cfg.optim.schedule in ("constant", "cosine"),
     f"config.optim.schedule={cfg.optim.schedule!r}; use 'constant' or 'cosine'.",
   )

@@ -72,6 +72,7 @@ from jaxrl_llm.core.preference import (
   RunningMoments,
   bradley_terry_loss,
   running_moments_init,
+  running_moments_normalise,
   running_moments_update,
 )
 from jaxrl_llm.core.stats import (
@@ -88,6 +89,7 @@ __all__ = [
   "RunningMoments",
   "bradley_terry_loss",
   "running_moments_init",
+  "running_moments_normalise",
   "running_moments_update",
   "CORRECTIONS",
   "corrected_policy_loss",

@@ -56,9 +56,9 @@ def running_moments_init() -> RunningMoments:
 
 def running_moments_update(state: RunningMoments, x_B, mask_B=None, *, axis_name=None):
   """`state` with the masked entries of `x_B` merged in (the parallel-variance merge of Chan,
-  Golub and LeVeque, exact for any split of the batch), and those entries normalised by the
-  merged mean and standard deviation: `(state, normalised_B)`. Before any score is seen the
-  scale is 1."""
+  Golub and LeVeque: the same moments, to rounding, for any split of the stream), and those
+  entries normalised by the merged mean and standard deviation: `(state, normalised_B)`
+  (masked entries 0)."""
   x = x_B.astype(jnp.float32)
   mask_B = jnp.ones(x.shape, bool) if mask_B is None else mask_B > 0
   n = psum_if(jnp.sum(mask_B.astype(jnp.float32)), axis_name)
@@ -69,5 +69,11 @@ def running_moments_update(state: RunningMoments, x_B, mask_B=None, *, axis_name
   mean = state.mean + delta * n / jnp.maximum(count, 1.0)
   m2 = state.m2 + m2_b + jnp.square(delta) * state.count * n / jnp.maximum(count, 1.0)
   new = RunningMoments(count, mean, m2)
-  std = jnp.where(count > 1, jnp.sqrt(m2 / jnp.maximum(count - 1.0, 1.0)), 1.0)
-  return new, jnp.where(mask_B, (x - mean) / jnp.maximum(std, 1e-6), 0.0)
+  return new, jnp.where(mask_B, running_moments_normalise(new, x), 0.0)
+
+
+def running_moments_normalise(state: RunningMoments, x):
+  """`x` standardised by the moments' mean and (Bessel-corrected) standard deviation; the
+  scale is 1 until two values are seen."""
+  std = jnp.where(state.count > 1, jnp.sqrt(state.m2 / jnp.maximum(state.count - 1.0, 1.0)), 1.0)
+  return (x.astype(jnp.float32) - state.mean) / jnp.maximum(std, 1e-6)

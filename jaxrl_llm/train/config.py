@@ -171,14 +171,24 @@ class TaskSection:
 
 @dataclasses.dataclass(frozen=True)
 class RewardsSection:
-  """Shaping terms added to the task's correctness reward (weight 0: off); each is logged
-  as reward/<name>."""
+  """Shaping terms and a learned reward model added to the task's correctness reward
+  (weight 0: off); each is logged as reward/<name>."""
 
   # Weights >= 0: each term is a bonus (format) or a penalty (the others) already.
   format_weight: float = at_least(0.0, 0)  # a GSM8K-style '#### <number>' ending
   overlong_weight: float = at_least(0.0, 0)  # DAPO's soft overlong penalty
   overlong_cache_tokens: int = at_least(0, 0)  # its soft zone; 0: a quarter of max_new_tokens
   missing_eos_weight: float = at_least(0.0, 0)  # -1 per completion cut off before its EOS
+  # The task's own correctness reward; 0 keeps it as a score that is logged (reward/<name>,
+  # accuracy) and optimises nothing, e.g. a gold scorer beside a learned reward model.
+  task_weight: float = at_least(1.0, 0)
+  # A learned reward r(prompt + completion): a Hugging Face sequence-classifier directory or
+  # a run.job='reward_model' workdir; "": none. Scored on the trainer's mesh.
+  model_path: str = ""
+  model_weight: float = at_least(1.0, 0)  # r's weight in the reward (logged as reward/reward_model)
+  model_batch_size: int = at_least(64, 1)  # texts per reward-model pass (divisible by data x fsdp)
+  model_max_length: int = at_least(512, 1)  # tokens it scores; longer texts keep their last
+  model_normalize: bool = False  # standardise r by the running mean and std of all its scores
 
 
 @dataclasses.dataclass(frozen=True)

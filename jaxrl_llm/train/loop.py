@@ -20,6 +20,7 @@ from jaxrl_llm.data import pad_left_to, prompt_iterator
 from jaxrl_llm.models import hosts
 from jaxrl_llm.models.config import to_hf_config
 from jaxrl_llm.models.sharding import make_mesh
+from jaxrl_llm.rewards import learned
 from jaxrl_llm.rollout import asynchronous
 from jaxrl_llm.rollout import episodes as episodes_lib
 from jaxrl_llm.rollout import producer as producer_lib
@@ -157,6 +158,7 @@ def _meta(job: _Job, producer) -> dict:
     "heldout_accuracy_before": job.summary["heldout_accuracy_before"],
     "completions_sampled": job.summary["completions_sampled"],
     "model_config": to_hf_config(learner.model_cfg),
+    "reward_states": job.task.reward_states(),
     "tokenizer": tokenizer or (describe() if describe else {"kind": "custom"}),
   }
   if cfg.lora.rank and not learner.base_saved:  # adapters only: name the base they fit
@@ -237,6 +239,9 @@ def _setup(cfg: TrainConfig, devices, task: Task | None) -> tuple[_Job, dict]:
   if sampler is not None:  # its devices on the data axis: params replicated, rows split
     sampler_mesh = make_mesh(devices=sampler)
     summary["sampler_mesh"] = dict(sampler_mesh.shape)
+  if cfg.rewards.model_path:  # a learned reward, scored on the trainer's mesh
+    reward_model = learned.from_config(cfg, mesh, task)
+    task.reward_fns["reward_model"] = (reward_model, cfg.rewards.model_weight)
   episodes = episodes_lib.EpisodeRunner(learner, task, cfg) if cfg.env.name else None
   job = _Job(cfg, mesh, task, learner, examples["test"], peak, summary, sampler_mesh, episodes)
   return job, examples
@@ -252,6 +257,7 @@ def _start(job: _Job, examples: dict, ckpt, restored) -> tuple[int, dict | None]
     job.summary["heldout_accuracy_before"] = restored.meta["heldout_accuracy_before"]
     job.summary["resumed_from"] = restored.step
     job.summary["completions_sampled"] = restored.meta.get("completions_sampled", 0)
+    job.task.restore_reward_states(restored.meta.get("reward_states", {}))
     # checkpoints from before the producer was saved held the stream's position alone
     return restored.step, restored.meta.get("producer", {"stream": restored.meta.get("stream")})
   if ckpt is None:

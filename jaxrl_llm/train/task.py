@@ -84,7 +84,7 @@ def configured_spec(cfg: TrainConfig):
     correct = lookup(REWARDS, reward, "reward")(t, kwargs)
   except (ImportError, ValueError, TypeError) as e:
     raise ConfigError(f"config.task.reward={reward!r}: {e}") from None
-  return spec, {reward: (correct, 1.0)}
+  return spec, {reward: (correct, cfg.rewards.task_weight)}
 
 
 class Task:
@@ -171,6 +171,17 @@ class Task:
         f"{self.prompt_length} tokens; raise config.task.prompt_length."
       )
     return kept, dropped
+
+  def reward_states(self) -> dict:
+    """The state of each stateful reward function (one with `state()`, such as a learned
+    reward's running moments), for the checkpoint."""
+    fns = self.reward_fns.items()
+    return {name: fn.state() for name, (fn, _) in fns if hasattr(fn, "state")}
+
+  def restore_reward_states(self, states: dict) -> None:
+    for name, state in states.items():
+      if name in self.reward_fns:
+        self.reward_fns[name][0].restore(state)
 
   def correct(self, completions, examples) -> list[float]:
     fn, _ = next(iter(self.reward_fns.values()))

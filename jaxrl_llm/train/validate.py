@@ -282,6 +282,11 @@ def _env(cfg: TrainConfig) -> None:
 
   _known(e.name, ENVIRONMENTS, "env.name")
   _check(
+    not cfg.rewards.model_path,
+    f"config.rewards.model_path is set with config.env.name={e.name!r}: an environment scores "
+    "its own episodes; leave rewards.model_path empty.",
+  )
+  _check(
     e.max_tokens >= r.max_new_tokens,
     f"config.env.max_tokens={e.max_tokens} (an episode's tokens after the prompt) must hold "
     f"at least one turn of config.rollout.max_new_tokens={r.max_new_tokens}.",

@@ -10,10 +10,10 @@ from helpers import ENGINE, REPO, small_config
 
 from jaxrl_llm.models import load_reward_model, load_tokenizer
 from jaxrl_llm.models.sharding import make_mesh
-from jaxrl_llm.rewards import reward_model_fn
 from jaxrl_llm.train import train
 from jaxrl_llm.train.checkpoint import Checkpointer
 from jaxrl_llm.train.config import ConfigError
+from jaxrl_llm.train.learned_reward import reward_model_fn
 
 REWARD = REPO / "tests" / "fixtures" / "qwen2_reward"
 COMPLETIONS = ["7", "8", "12", "0", "99", "3+4", "", "seven", "7.0", "1"]

@@ -187,7 +187,7 @@ def test_reward_model_as_reward_function():
 
   from jaxrl_llm.data import left_pad
   from jaxrl_llm.models import CharTokenizer, ModelConfig, RewardModel
-  from jaxrl_llm.rewards import reward_model_fn
+  from jaxrl_llm.train.learned_reward import reward_model_fn
 
   tok = CharTokenizer("0123456789+=")
   cfg = ModelConfig(

@@ -131,7 +131,7 @@ def alphabet(pairs: list[Pair]) -> str:
 
 def encode_pairs(pairs: list[Pair], tokenizer, max_length: int) -> list[tuple]:
   """Each pair as `(chosen ids, rejected ids, margin)`; a text longer than `max_length`
-  tokens keeps its last `max_length` (as `rewards.reward_model_fn` scores)."""
+  tokens keeps its last `max_length` (as `train.learned_reward` scores)."""
   out = []
   for pair in pairs:
     chosen, rejected = pair_texts(pair, tokenizer)

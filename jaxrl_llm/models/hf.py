@@ -218,14 +218,8 @@ def load_model(
       shape mismatch; the message names the tensor and the file.
   """
   path = Path(path)
-  hf = read_config(path)
-  if set(hf.get("architectures") or ()) & set(SEQUENCE_CLASSIFIERS):
-    raise CheckpointError(
-      f"{path / 'config.json'}: {hf['architectures']} is a reward model (a sequence "
-      "classifier, no language-model head); load it with `load_reward_model`."
-    )
   kwargs = dict(remat=remat, scan_layers=scan_layers, attention_chunk=attention_chunk)
-  cfg = _config(path, hf, dtype=dtype, param_dtype=param_dtype or dtype, **kwargs)
+  cfg = _checkpoint_config(path, False, dtype=dtype, param_dtype=param_dtype or dtype, **kwargs)
   return _load(path, cfg, CausalLM, tensor_specs(cfg), sharding)
 
 
@@ -249,36 +243,43 @@ def load_reward_model(
       of the wrong shape; the message names the key or tensor and the file.
   """
   path = Path(path)
-  hf = read_config(path)
-  archs = hf.get("architectures") or []
-  if not set(archs) & set(SEQUENCE_CLASSIFIERS):
-    raise CheckpointError(
-      f"{path / 'config.json'}: architectures {archs} is not a reward model; pass a directory "
-      f"with one of {sorted(SEQUENCE_CLASSIFIERS)} (a causal LM loads with `load_model`, and "
-      "`RewardModel.from_policy` puts a fresh head on it)."
-    )
-  labels = hf.get("num_labels", len(hf.get("id2label") or {0: "LABEL_0", 1: "LABEL_1"}))
-  if labels != 1:
-    raise CheckpointError(
-      f"{path / 'config.json'}: a reward model has one label (a scalar score); this one has "
-      f"{labels} (id2label); export it with num_labels=1."
-    )
   kwargs = dict(remat=remat, scan_layers=scan_layers, attention_chunk=attention_chunk)
-  cfg = _config(path, hf, dtype=dtype, param_dtype=param_dtype or dtype, **kwargs)
+  cfg = _checkpoint_config(path, True, dtype=dtype, param_dtype=param_dtype or dtype, **kwargs)
   return _load(path, cfg, RewardModel, reward_tensor_specs(cfg), sharding)
 
 
-def _config(path: Path, hf: dict, **kwargs) -> ModelConfig:
+def _checkpoint_config(path: Path, reward: bool, **kwargs) -> ModelConfig:
+  """The ModelConfig of a directory's config.json, once it is the kind asked for: a causal
+  LM, or (`reward`) a sequence classifier with one label."""
+  hf = read_config(path)
+  archs = hf.get("architectures") or []
+  where = path / "config.json"
+  if set(archs) & set(SEQUENCE_CLASSIFIERS) and not reward:
+    raise CheckpointError(
+      f"{where}: {archs} is a reward model (a sequence classifier, no language-model head); "
+      "load it with `load_reward_model`."
+    )
+  if reward and not set(archs) & set(SEQUENCE_CLASSIFIERS):
+    raise CheckpointError(
+      f"{where}: architectures {archs} is not a reward model; pass a directory with one of "
+      f"{sorted(SEQUENCE_CLASSIFIERS)} (a causal LM loads with `load_model`, and "
+      "`RewardModel.from_policy` puts a fresh head on it)."
+    )
+  labels = hf.get("num_labels", len(hf.get("id2label") or {0: "LABEL_0", 1: "LABEL_1"}))
+  if reward and labels != 1:
+    raise CheckpointError(
+      f"{where}: a reward model has one label (a scalar score); this one has {labels} "
+      "(id2label); export it with num_labels=1."
+    )
   try:
     return from_hf_config(hf, **kwargs)
   except (KeyError, ValueError) as e:
-    reason = str(e).removeprefix("config.json: ")
-    raise CheckpointError(f"{path / 'config.json'}: {reason}") from None
+    raise CheckpointError(f"{where}: {str(e).removeprefix('config.json: ')}") from None
 
 
 def _load(path: Path, cfg: ModelConfig, cls, specs: list[TensorSpec], sharding):
-  """An abstract `cls(cfg)` filled from the directory's tensors (`specs`); any parameter the
-  files do not hold (a reward model's bias, 0) gets its init value."""
+  """An abstract `cls(cfg)` filled from the directory's tensors (`specs`), each in its
+  parameter's own dtype (a scalar head stays float32); a parameter no file holds is 0."""
   files = tensor_files(path)
   specs = {spec.hf_name: spec for spec in specs}
   _check_tensor_names(path, cfg, files, specs)
@@ -289,9 +290,14 @@ def _load(path: Path, cfg: ModelConfig, cls, specs: list[TensorSpec], sharding):
     value, None if sharding is None else sharding(_get(state, at).logical_axes, value.shape)
   )
   _read_tensors(cfg, files, specs, params, place)
-  if "head_bias" in params:  # a reward model: its head is float32 at any param dtype
-    params["head_D"] = params["head_D"].astype(jnp.float32)
-    params["head_bias"] = place(("head_bias",), np.zeros((), np.float32))
+  params = jax.tree_util.tree_map_with_path(  # what no file holds (a reward model's bias): 0
+    lambda keys, x: (
+      place(tuple(k.key for k in keys), np.zeros(x.shape, x.dtype))
+      if isinstance(x, jax.ShapeDtypeStruct)
+      else x
+    ),
+    params,
+  )
   nnx.replace_by_pure_dict(state, params)
   return nnx.merge(graphdef, state)
 
@@ -322,7 +328,6 @@ def _check_tensor_names(path: Path, cfg, files: dict, specs: dict) -> None:
 def _read_tensors(cfg, files: dict, specs: dict, params: dict, place) -> None:
   """Each file's tensors into `params`, placed by `place(path, value)`; a scanned layer's
   tensor goes into its slot of the stacked parameter, placed once the stack is complete."""
-  np_dtype = np.dtype(cfg.param_dtype)
   stacks: dict[tuple, np.ndarray] = {}  # scanned layers: stacked path -> [L, ...] buffer
   for file, names in _by_file(files, specs):
     with safetensors.safe_open(file, framework="numpy") as f:
@@ -336,8 +341,9 @@ def _read_tensors(cfg, files: dict, specs: dict, params: dict, place) -> None:
             f"tensor {name!r} in {file} has shape {list(shape)}; this "
             f"config.json implies {list(spec.hf_shape)}."
           )
-        value = spec.to_ours(f.get_tensor(name)).astype(np_dtype, copy=False)
         at, layer = _stacked_at(cfg, spec.path)
+        np_dtype = np.dtype(_get(params, at).dtype)  # the parameter's own (heads: float32)
+        value = spec.to_ours(f.get_tensor(name)).astype(np_dtype, copy=False)
         if layer is None:
           _set(params, at, place(at, value))
         else:

@@ -39,6 +39,13 @@ def to_global(mesh: Mesh, local: np.ndarray, global_rows: int) -> jax.Array:
   return jax.make_array_from_process_local_data(batch_sharding(mesh, local.ndim), local, shape)
 
 
+def global_batch(mesh: Mesh, tree):
+  """Every leaf of `tree` (this process's rows, all rows with one process) as a global
+  batch-sharded array; every process holds as many rows."""
+  n = jax.process_count()
+  return jax.tree.map(lambda x: to_global(mesh, x, np.shape(x)[0] * n), tree)
+
+
 def to_local(x: jax.Array) -> np.ndarray:
   """This process's rows of a batch-sharded global array, as numpy."""
   if jax.process_count() == 1:

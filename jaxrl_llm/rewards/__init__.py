@@ -2,7 +2,6 @@
 
 from jaxrl_llm.rewards.base import RewardError, RewardFn, score
 from jaxrl_llm.rewards.countdown import countdown_reward, evaluate_expression
-from jaxrl_llm.rewards.learned import reward_model_fn
 from jaxrl_llm.rewards.length import missing_eos_penalty, overlong_penalty
 from jaxrl_llm.rewards.math import (
   MARKER,
@@ -35,6 +34,5 @@ __all__ = [
   "missing_eos_penalty",
   "overlong_penalty",
   "parse_number",
-  "reward_model_fn",
   "score",
 ]

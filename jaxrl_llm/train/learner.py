@@ -5,7 +5,6 @@ import weakref
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding
 
@@ -225,8 +224,7 @@ class Learner:
 
   def shard_batch(self, tree):
     """Global batch-sharded arrays from this process's rows (all rows with one process)."""
-    n = jax.process_count()
-    return jax.tree.map(lambda x: hosts.to_global(self.mesh, x, np.shape(x)[0] * n), tree)
+    return hosts.global_batch(self.mesh, tree)
 
   def generate(
     self,

@@ -20,13 +20,12 @@ from jaxrl_llm.data import pad_left_to, prompt_iterator
 from jaxrl_llm.models import hosts
 from jaxrl_llm.models.config import to_hf_config
 from jaxrl_llm.models.sharding import make_mesh
-from jaxrl_llm.rewards import learned
 from jaxrl_llm.rollout import asynchronous
 from jaxrl_llm.rollout import episodes as episodes_lib
 from jaxrl_llm.rollout import producer as producer_lib
 from jaxrl_llm.rollout.batch import Batch
 from jaxrl_llm.train import checkpoint as checkpoint_lib
-from jaxrl_llm.train import perf
+from jaxrl_llm.train import learned_reward, perf
 from jaxrl_llm.train import step as step_lib
 from jaxrl_llm.train.config import ConfigError, TrainConfig
 from jaxrl_llm.train.learner import Learner
@@ -240,7 +239,7 @@ def _setup(cfg: TrainConfig, devices, task: Task | None) -> tuple[_Job, dict]:
     sampler_mesh = make_mesh(devices=sampler)
     summary["sampler_mesh"] = dict(sampler_mesh.shape)
   if cfg.rewards.model_path:  # a learned reward, scored on the trainer's mesh
-    reward_model = learned.from_config(cfg, mesh, task)
+    reward_model = learned_reward.from_config(cfg, mesh, task)
     task.reward_fns["reward_model"] = (reward_model, cfg.rewards.model_weight)
   episodes = episodes_lib.EpisodeRunner(learner, task, cfg) if cfg.env.name else None
   job = _Job(cfg, mesh, task, learner, examples["test"], peak, summary, sampler_mesh, episodes)

@@ -101,9 +101,9 @@ def train_step(state: RewardState, batch, *, graphdef, optimizer, center_coef: f
 def eval_step(params, batch, *, graphdef):
   """(pairs won, a tie counting half; valid pairs) of a held-out batch."""
   chosen, rejected = pair_scores(graphdef, params, batch)
-  won = jnp.where(chosen > rejected, 1.0, jnp.where(chosen == rejected, 0.5, 0.0))
-  valid = batch.valid_B.astype(jnp.float32)
-  return jnp.sum(won * valid), jnp.sum(valid)
+  _, metrics = core.bradley_terry_loss(chosen, rejected, mask_B=batch.valid_B)
+  valid = jnp.sum(batch.valid_B.astype(jnp.float32))
+  return metrics["accuracy"] * valid, valid
 
 
 class _Pairs:
@@ -111,16 +111,9 @@ class _Pairs:
   of `k` and the seed alone (a fresh permutation per epoch), so a resumed run reads the
   same batches as an uninterrupted one."""
 
-  def __init__(self, cfg: TrainConfig, tokenizer):
+  def __init__(self, cfg: TrainConfig, tokenizer, train: list, test: list):
     r = cfg.reward_model
     self.cfg, self.tokenizer = cfg, tokenizer
-    keys = dict(
-      prompt_key=r.prompt_key,
-      chosen_key=r.chosen_key,
-      rejected_key=r.rejected_key,
-      margin_key=r.margin_key,
-    )
-    train, test = _load(cfg, keys)
     self.train = preferences.encode_pairs(train, tokenizer, r.max_length)
     self.test = preferences.encode_pairs(test, tokenizer, r.max_length)
     if len(self.train) < r.batch_size:
@@ -145,10 +138,8 @@ class _Pairs:
   def test_batches(self, rows: slice):
     B = self.cfg.reward_model.batch_size
     for start in range(0, len(self.test), B):
-      chunk = self.test[start : start + B]
-      batch = self._batch(chunk + [chunk[-1]] * (B - len(chunk)), B)
-      valid = batch.valid_B & (np.arange(B) < len(chunk))
-      yield jax.tree.map(lambda x: x[rows], batch._replace(valid_B=valid))
+      batch = self._batch(self.test[start : start + B], B)  # the last padded, flagged invalid
+      yield jax.tree.map(lambda x: x[rows], batch)
 
   def _batch(self, encoded, rows):
     return preferences.pair_batch(
@@ -156,8 +147,15 @@ class _Pairs:
     )
 
 
-def _load(cfg: TrainConfig, keys: dict):
+def _load(cfg: TrainConfig) -> tuple[list, list]:
+  """The train and held-out pairs of `reward_model.*`."""
   r = cfg.reward_model
+  keys = dict(
+    prompt_key=r.prompt_key,
+    chosen_key=r.chosen_key,
+    rejected_key=r.rejected_key,
+    margin_key=r.margin_key,
+  )
   try:
     pairs = preferences.load_pairs(r.train_path, **keys)
     if r.test_path:
@@ -168,13 +166,11 @@ def _load(cfg: TrainConfig, keys: dict):
   return preferences.split_pairs(pairs, r.test_fraction)
 
 
-def _tokenizer(cfg: TrainConfig):
+def _tokenizer(cfg: TrainConfig, pairs: list):
   """`model.path`'s tokenizer, or for a random-init model the pairs' characters."""
   if cfg.model.path:
     return checkpoint_tokenizer(cfg.model.path)
   r = cfg.reward_model
-  keys = dict(prompt_key=r.prompt_key, chosen_key=r.chosen_key, rejected_key=r.rejected_key)
-  pairs = [p for split in _load(cfg, keys) for p in split]
   if not isinstance(pairs[0].chosen, str):
     raise ConfigError(
       f"config.reward_model.train_path={r.train_path!r} holds chat messages, which need a "
@@ -215,11 +211,12 @@ class RewardModelTrainer:
     self.optimizer = state_lib.make_optimizer(cfg, cfg.optim.learning_rate)
     self.params = params
 
+  def _init(self, params) -> RewardState:
+    return RewardState(jnp.zeros((), jnp.int32), params, self.optimizer.init(params))
+
   def init_state(self) -> RewardState:
-    init = lambda params: RewardState(jnp.zeros((), jnp.int32), params, self.optimizer.init(params))
-    return jax.jit(init, out_shardings=self._shardings(jax.eval_shape(init, self.params)))(
-      self.params
-    )
+    shardings = self._shardings(jax.eval_shape(self._init, self.params))
+    return jax.jit(self._init, out_shardings=shardings)(self.params)
 
   def _shardings(self, abstract: RewardState) -> RewardState:
     replicated = NamedSharding(self.mesh, P())
@@ -228,13 +225,11 @@ class RewardModelTrainer:
     return RewardState(replicated, params, opt)
 
   def target(self) -> RewardState:
-    init = lambda params: RewardState(jnp.zeros((), jnp.int32), params, self.optimizer.init(params))
-    abstract = jax.eval_shape(init, self.params)
+    abstract = jax.eval_shape(self._init, self.params)
     return state_lib.with_shardings(abstract, self._shardings(abstract))
 
   def shard(self, batch):
-    n = jax.process_count()
-    return jax.tree.map(lambda x: hosts.to_global(self.mesh, x, np.shape(x)[0] * n), batch)
+    return hosts.global_batch(self.mesh, batch)
 
   def step(self, state, batch):
     r = self.cfg.reward_model
@@ -285,8 +280,9 @@ def train_reward_model(cfg: TrainConfig, devices=None) -> dict:
       f"config.reward_model.batch_size={r.batch_size} must be divisible by data x fsdp = "
       f"{divisor}, the devices a batch is split over."
     )
-  tokenizer = _tokenizer(cfg)
-  pairs = _Pairs(cfg, tokenizer)
+  train, test = _load(cfg)
+  tokenizer = _tokenizer(cfg, train + test)
+  pairs = _Pairs(cfg, tokenizer, train, test)
   trainer = RewardModelTrainer(cfg, mesh, tokenizer)
   if trainer.model_cfg.vocab_size < tokenizer.vocab_size:
     raise ConfigError(

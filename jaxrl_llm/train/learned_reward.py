@@ -1,4 +1,5 @@
-"""A learned reward model (`models.RewardModel`) used as a reward function, on a mesh.
+"""A learned reward model (`models.RewardModel`) used as a reward function, on a mesh (a
+device program, so it lives with the trainer rather than with the host-side rewards).
 
   fn = reward_model_fn(model, tokenizer, max_length=512)          # one device
   fn = reward_model_fn(model, tokenizer, max_length=512, mesh=mesh, normalize=True)
@@ -18,12 +19,12 @@ from flax import nnx
 from jax.sharding import NamedSharding
 
 from jaxrl_llm import core
-from jaxrl_llm.common.errors import ConfigError
 from jaxrl_llm.common.padding import left_pad
 from jaxrl_llm.models import hosts
 from jaxrl_llm.models.hf import CheckpointError, load_reward_model
 from jaxrl_llm.models.sharding import DEFAULT_RULES, batch_size_divisor
 from jaxrl_llm.models.tokenizer import load_tokenizer
+from jaxrl_llm.train.config import ConfigError
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef",))
@@ -74,7 +75,7 @@ class LearnedReward:
   def _global(self, x: np.ndarray):
     if self.mesh is None:
       return jnp.asarray(x)
-    return hosts.to_global(self.mesh, x, x.shape[0] * jax.process_count())
+    return hosts.global_batch(self.mesh, x)
 
   def __call__(self, completions, examples) -> np.ndarray:
     tok = self.tokenizer

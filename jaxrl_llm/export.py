@@ -22,8 +22,6 @@ a copy written to `out/base`.
 
 import argparse
 import json
-import shutil
-import sys
 from pathlib import Path
 
 import jax
@@ -34,23 +32,13 @@ from absl import logging
 from etils import epath
 from flax import nnx
 
-from jaxrl_llm.models import CausalLM, CharTokenizer, load_model, save_model
+from jaxrl_llm.models import CausalLM, copy_tokenizer, load_model, save_model
 from jaxrl_llm.models import lora as lora_lib
 from jaxrl_llm.models.config import from_hf_config
 from jaxrl_llm.train import state as state_lib
 from jaxrl_llm.train.checkpoint import fingerprint
 from jaxrl_llm.train.learner import policy_graphdef
 from jaxrl_llm.train.validate import from_config_dict
-
-TOKENIZER_FILES = (
-  "tokenizer.json",
-  "tokenizer_config.json",
-  "special_tokens_map.json",
-  "chat_template.jinja",
-  "vocab.json",
-  "merges.txt",
-  "tokenizer.model",
-)
 
 
 class ExportError(ValueError):
@@ -143,20 +131,6 @@ def _lora_base(cfg, recorded: dict) -> nnx.State:
       "fingerprint differs from the checkpoint's); restore that base there first."
     )
   return frozen
-
-
-def copy_tokenizer(meta: dict, out: Path) -> None:
-  """The tokenizer a checkpoint's metadata names, written or copied into `out`."""
-  tok = meta.get("tokenizer", {})
-  if tok.get("kind") == "char":
-    CharTokenizer(tok["alphabet"], tok["with_bos"], tuple(tok.get("tokens", ()))).save(out)
-  elif tok.get("kind") == "hf":
-    source = Path(tok["path"])
-    copied = [f for f in TOKENIZER_FILES if (source / f).exists()]
-    for name in copied:
-      shutil.copy2(source / name, out / name)
-    if "tokenizer.json" not in copied and "tokenizer.model" not in copied:
-      print(f"warning: no tokenizer files in {source}; copy them into {out}.", file=sys.stderr)
 
 
 def export(

@@ -10,7 +10,7 @@ from jaxrl_llm.models.hf import (
   save_model,
   save_reward_model,
 )
-from jaxrl_llm.models.tokenizer import CharTokenizer, HFTokenizer, load_tokenizer
+from jaxrl_llm.models.tokenizer import CharTokenizer, HFTokenizer, copy_tokenizer, load_tokenizer
 from jaxrl_llm.models.transformer import (
   CausalLM,
   Decoder,
@@ -41,6 +41,7 @@ __all__ = [
   "init_cache",
   "load_model",
   "load_reward_model",
+  "copy_tokenizer",
   "load_tokenizer",
   "logical_axes",
   "positions_from_mask",

@@ -6,6 +6,8 @@ Both expose `encode(text) -> list[int]`, `decode(ids) -> str`, `pad_id`,
 
 import json
 import re
+import shutil
+import sys
 from pathlib import Path
 from typing import Protocol
 
@@ -202,3 +204,28 @@ class CharTokenizer:
 def load_tokenizer(path) -> HFTokenizer:
   """The tokenizer of a local Hugging Face model directory."""
   return HFTokenizer.from_dir(path)
+
+
+TOKENIZER_FILES = (
+  "tokenizer.json",
+  "tokenizer_config.json",
+  "special_tokens_map.json",
+  "chat_template.jinja",
+  "vocab.json",
+  "merges.txt",
+  "tokenizer.model",
+)
+
+
+def copy_tokenizer(meta: dict, out: Path) -> None:
+  """The tokenizer a checkpoint's metadata names, written or copied into `out`."""
+  tok = meta.get("tokenizer", {})
+  if tok.get("kind") == "char":
+    CharTokenizer(tok["alphabet"], tok["with_bos"], tuple(tok.get("tokens", ()))).save(out)
+  elif tok.get("kind") == "hf":
+    source = Path(tok["path"])
+    copied = [f for f in TOKENIZER_FILES if (source / f).exists()]
+    for name in copied:
+      shutil.copy2(source / name, out / name)
+    if "tokenizer.json" not in copied and "tokenizer.model" not in copied:
+      print(f"warning: no tokenizer files in {source}; copy them into {out}.", file=sys.stderr)

@@ -28,11 +28,11 @@ from tqdm import tqdm
 
 from jaxrl_llm import core
 from jaxrl_llm.data import preferences
-from jaxrl_llm.export import copy_tokenizer
 from jaxrl_llm.models import (
   CharTokenizer,
   CheckpointError,
   RewardModel,
+  copy_tokenizer,
   hosts,
   load_model,
   load_reward_model,

@@ -19,8 +19,6 @@ import concurrent.futures
 import datetime
 import json
 import math
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -29,38 +27,11 @@ import numpy as np
 from tqdm import tqdm
 
 from experiments.lib import claims, provenance
+from experiments.lib import runs as launch
 from experiments.lib.suites import SMOKE, SUITES, Suite
 
 REPO = Path(__file__).resolve().parents[1]
 FINAL_FRACTION = 0.1  # "final" KL, entropy, lengths, clip fraction: the mean over the last 10%
-
-
-def _flags(settings: dict) -> list[str]:
-  return [f"--config.{k}={v}" for k, v in settings.items()]
-
-
-def _env(out: Path, extra=()) -> dict:
-  """The runs share a persistent compilation cache: seeds 2.. skip XLA compilation."""
-  env = dict(os.environ) | dict(extra)
-  env.setdefault("JAX_COMPILATION_CACHE_DIR", str(out / ".jax_cache"))
-  env.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
-  return env
-
-
-def _run(command: list[str], log: Path, out: Path, env=()) -> None:
-  log.parent.mkdir(parents=True, exist_ok=True)
-  with log.open("a") as f:
-    f.write(f"\n$ {' '.join(command)}\n")
-    f.flush()
-    proc = subprocess.run(command, cwd=REPO, stdout=f, stderr=subprocess.STDOUT, env=_env(out, env))
-  if proc.returncode != 0:
-    tail = "".join(log.read_text().splitlines(keepends=True)[-25:])
-    raise RuntimeError(f"{' '.join(command[:6])} ... failed ({proc.returncode}); {log}:\n{tail}")
-
-
-def _is_done(workdir: Path, steps: int) -> bool:
-  path = workdir / "summary.json"
-  return path.exists() and json.loads(path.read_text()).get("steps") == steps
 
 
 def warm_start(out: Path, suite: Suite, name: str, smoke: bool) -> Path:
@@ -80,9 +51,9 @@ def warm_start(out: Path, suite: Suite, name: str, smoke: bool) -> Path:
     "run.workdir": workdir,
   }
   base = [sys.executable, "-m", "jaxrl_llm.train", "--config", suite.config(suite.base)]
-  _run(base + _flags(settings), workdir / "log.txt", out)
+  launch.run(base + launch.flags(settings), workdir / "log.txt", out)
   export = [sys.executable, "-m", "jaxrl_llm.export", "--checkpoint", str(workdir)]
-  _run(export + ["--out", str(hf)], workdir / "log.txt", out)
+  launch.run(export + ["--out", str(hf)], workdir / "log.txt", out)
   return hf
 
 
@@ -99,11 +70,11 @@ def run_one(
     "run.workdir": workdir,
   }
   settings |= SMOKE if smoke else {}
-  if _is_done(workdir, settings["run.steps"]):
+  if launch.is_done(workdir, settings["run.steps"]):
     return False
   config = suite.config(f"experiments/configs/ablation/{method}.py")
   base = [sys.executable, "-m", "jaxrl_llm.train", "--config", config]
-  _run(base + _flags(settings), workdir / "log.txt", out, suite.env)
+  launch.run(base + launch.flags(settings), workdir / "log.txt", out, suite.env)
   return True
 
 

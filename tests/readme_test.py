@@ -199,3 +199,27 @@ def test_every_relative_link_and_repository_path_resolves():
       if "<" not in path and "*" not in path and not (REPO / path).exists():
         broken.append(f"{page.relative_to(REPO)}: path {path}")
   assert not broken, broken
+
+
+def test_overoptimization_report_is_its_committed_results(tmp_path):
+  """The over-optimization report is `experiments.overoptimization.report` of the committed
+  results.json, and the README's and docs' figures are its numbers."""
+  from experiments import overoptimization as oo
+
+  out = REPO / "experiments/results/overoptimization"
+  results = json.loads((out / "results.json").read_text())
+  oo.report(results, tmp_path / "report.md")
+  assert (tmp_path / "report.md").read_text() == (out / "report.md").read_text()
+  accuracies = "/".join(f"{p['heldout_pair_accuracy']:.3f}" for p in results["proxies"])
+  fell = sum(oo.verdict(c["stats"]) == oo.FELL for c in results["cells"].values())
+  figure = (
+    f"{oo.FELL} in {fell} of {len(results['cells'])} cells; proxies' held-out pairwise "
+    f"accuracy {accuracies} against the gold preference's {results['gold_ceiling']:.3f}, "
+    f"{results['meta']['minutes']:.0f} minutes"
+  )
+  assert figure in _text(README)
+  docs = _text(DOCS / "reward_models.md")
+  assert (
+    f"held-out pairwise accuracy {accuracies.replace('/', ', ', 1).replace('/', ' and ')}" in docs
+  )
+  assert f"in {results['meta']['minutes']:.0f} minutes on a 2-core AMD EPYC" in docs

@@ -8,10 +8,8 @@ gives the same fields to users with network: `tfds.load("gsm8k")`.
 import zlib
 from pathlib import Path
 
-import numpy as np
-
 from jaxrl_llm.common.answers import extract_answer
-from jaxrl_llm.data.files import read_records
+from jaxrl_llm.data.files import draw, read_records
 
 PROMPT = "Question: {question}\nAnswer:"
 
@@ -75,7 +73,4 @@ class GSM8KFile:
     return "".join(sorted(chars))
 
   def examples(self, split: str, n: int, seed: int) -> list[dict]:
-    pool = self._splits[split]
-    if n > len(pool):
-      raise ValueError(f"{n} {split} problems requested but the file gives {len(pool)}.")
-    return [pool[i] for i in np.random.default_rng(seed).permutation(len(pool))[:n]]
+    return draw(self._splits[split], split, n, seed)

@@ -24,7 +24,7 @@ from typing import NamedTuple
 import numpy as np
 
 from jaxrl_llm.common.padding import left_pad
-from jaxrl_llm.data.files import read_records
+from jaxrl_llm.data.files import is_chat, read_records
 
 
 class Pair(NamedTuple):
@@ -45,23 +45,6 @@ class PairBatch(NamedTuple):
   valid_B: np.ndarray
 
 
-def _messages(value, key: str, where: str) -> bool:
-  """Whether `value` is chat messages (a list of {role, content}); raises on anything else
-  that is not text."""
-  if isinstance(value, str):
-    return False
-  ok = isinstance(value, list) and all(
-    isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-    for m in value
-  )
-  if not ok:
-    raise ValueError(
-      f"{where}: {key!r} must be text or a list of chat messages "
-      f"({{'role': ..., 'content': ...}}); got {type(value).__name__}."
-    )
-  return True
-
-
 def load_pairs(
   path, *, prompt_key="prompt", chosen_key="chosen", rejected_key="rejected", margin_key=""
 ) -> list[Pair]:
@@ -77,9 +60,9 @@ def load_pairs(
       raise ValueError(f"{where}: the record has no {missing[0]!r} column (it needs {keys}).")
     prompt = record[prompt_key] if prompt_key else []
     chosen, rejected = record[chosen_key], record[rejected_key]
-    chat = {_messages(v, k, where) for k, v in ((chosen_key, chosen), (rejected_key, rejected))}
+    chat = {is_chat(v, k, where) for k, v in ((chosen_key, chosen), (rejected_key, rejected))}
     if prompt_key:
-      chat.add(_messages(prompt, prompt_key, where))
+      chat.add(is_chat(prompt, prompt_key, where))
     if len(chat) != 1:
       raise ValueError(f"{where}: mixes plain text and chat messages; use one or the other.")
     if chat == {True}:

@@ -13,6 +13,7 @@ from jaxrl_llm.common.registry import register
 from jaxrl_llm.data.arithmetic import ArithmeticTask
 from jaxrl_llm.data.chain import ChainTask
 from jaxrl_llm.data.countdown import CountdownTask
+from jaxrl_llm.data.dataset import DatasetFile
 from jaxrl_llm.data.gsm8k import GSM8KFile
 
 
@@ -62,6 +63,13 @@ def _gsm8k(task, kwargs):
   return GSM8KFile(task.path, test_fraction=task.test_fraction, test_path=task.test_path or None)
 
 
+def _dataset(task, kwargs):
+  _no_kwargs("dataset", kwargs)
+  return DatasetFile(
+    task.path, task.prompt_key, task.answer_key, task.test_path, task.test_fraction
+  )
+
+
 def _chain(task, kwargs):
   return ChainTask(digits=task.digits, test_fraction=task.test_fraction, **kwargs)
 
@@ -70,3 +78,4 @@ register_task("arithmetic", _arithmetic, reward="exact_match")
 register_task("countdown", _countdown, reward="countdown")
 register_task("gsm8k", _gsm8k, reward="exact_match")
 register_task("chain", _chain, reward="exact_match")
+register_task("dataset", _dataset, reward="exact_match")

@@ -75,7 +75,7 @@ def configured_spec(cfg: TrainConfig):
   try:
     spec = entry.source(t, kwargs)
   except (OSError, ValueError, TypeError) as e:
-    key = "task.path" if t.name == "gsm8k" else "task.kwargs"
+    key = "task.path" if t.name in ("gsm8k", "dataset") else "task.kwargs"
     if t.test_path and str(t.test_path) in str(e):
       key = "task.test_path"
     raise ConfigError(f"config.{key} (task {t.name!r}): {e}") from None
@@ -189,14 +189,19 @@ class Task:
 
   def render(self, example) -> str:
     """The prompt text the model sees: the prompt, or `task.instruction` filled in with the
-    example; as is, or as a user turn of the chat template (after `task.system_prompt`)."""
+    example; as is, or as a user turn of the chat template (after `task.system_prompt`). A
+    prompt of chat messages goes through the chat template as it is (after
+    `task.system_prompt` when it has no system turn of its own)."""
     text = example["prompt"]
+    system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+    if isinstance(text, list):
+      system = system if all(m["role"] != "system" for m in text) else []
+      return self.tokenizer.apply_chat_template([*system, *text])
     if self.instruction:
       fields = {"prompt": text, "question": str(example.get("question", text))}
       text = re.sub(r"\{(question|prompt)\}", lambda m: fields[m.group(1)], self.instruction)
     if self.template != "chat":
       return text
-    system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
     return self.tokenizer.apply_chat_template([*system, {"role": "user", "content": text}])
 
   def prompts(self, examples):

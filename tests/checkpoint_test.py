@@ -171,7 +171,7 @@ def _signal_a_running_job(tmp_path, signum, every):
     "run.eval_examples": 16,
     "run.eval_batch_size": 16,
     "run.progress": False,
-    "run.tensorboard": False,
+    "run.loggers": "jsonl",
     "run.workdir": str(workdir),
     "checkpoint.every": every,
   }

@@ -92,7 +92,7 @@ def test_overlong_prompts_can_be_filtered(tmp_path):
   [
     (
       {"run.eval_examples": 512},
-      r"config.run.eval_examples=512: 512 test problems requested but the file gives 8. "
+      r"config.run.eval_examples=512: 512 test records requested but the file gives 8. "
       r"Lower config.run.eval_examples",
     ),
     (

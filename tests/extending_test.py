@@ -23,7 +23,7 @@ SMALL_RUN = [
   "--config.run.eval_examples=16",
   "--config.run.eval_batch_size=16",
   "--config.run.progress=False",
-  "--config.run.tensorboard=False",
+  "--config.run.loggers=jsonl",
   "--config.checkpoint.every=0",
 ]
 

@@ -350,7 +350,7 @@ def test_lora_grpo_learns_the_default_task(tmp_path):
     c.optim.update(learning_rate=1e-3, warmup_steps=100)
     c.run.update(
       steps=1500, seed=seed, eval_examples=256, eval_every=250, progress=False,
-      tensorboard=False, workdir=str(tmp_path / f"seed{seed}"),
+      loggers="jsonl", workdir=str(tmp_path / f"seed{seed}"),
     )  # fmt: skip
     c.run.peak_flops_per_device = 1e13  # MFU's reference, so no timing of this host matters
     c.checkpoint.update(every=0)

@@ -223,3 +223,26 @@ def test_overoptimization_report_is_its_committed_results(tmp_path):
     f"held-out pairwise accuracy {accuracies.replace('/', ', ', 1).replace('/', ' and ')}" in docs
   )
   assert f"in {results['meta']['minutes']:.0f} minutes on a 2-core AMD EPYC" in docs
+
+
+def test_dataset_example_trains_on_the_users_file_and_reward(capsys):
+  """docs/datasets.md's worked example: fewer than 40 lines of user code, its own file and
+  reward; pass@2 is the share of 2-subsets of each problem's 4 samples holding a right one."""
+  import itertools
+
+  page = DOCS / "datasets.md"
+  block = _block(page, "dataset")
+  assert len([line for line in block.splitlines() if line.strip()]) < 40
+  namespace = {}
+  exec(compile(block, str(page), "exec"), namespace)  # our own docs
+  summary, result = namespace["summary"], namespace["result"]
+  assert summary["steps_run"] == 5 and list(summary["task"].reward_fns) == ["digits_right"]
+  assert summary["task"].spec.examples("train", 1, 0)[0]["answer"].isdigit()
+  shares = []
+  for record in result.records:
+    right = [s >= 1 for s in record["scores"]]
+    pairs = list(itertools.combinations(right, 2))
+    shares.append(sum(any(p) for p in pairs) / len(pairs))
+  assert abs(result.summary["pass@2"] - sum(shares) / len(shares)) < 1e-12
+  printed = capsys.readouterr().out.split()
+  assert printed[-2:] == [str(summary["heldout_accuracy_after"]), str(result.summary["pass@2"])]

@@ -203,7 +203,15 @@ def test_metrics_row_has_the_documented_keys(tmp_path):
     "grad_norm",
     "learning_rate",
     "step_time_s",
-    "rollout_wait_s",
+    "timing/rollout_wait_s",
+    "timing/generation_s",
+    "timing/scoring_s",
+    "timing/experience_s",
+    "timing/update_s",
+    "timing/eval_s",
+    "timing/checkpoint_s",
+    "timing/iteration_s",
+    "timing/update_share",
     "tokens_per_s",
     "mfu",
     "mismatch_k3",
@@ -219,6 +227,11 @@ def test_metrics_row_has_the_documented_keys(tmp_path):
   ):
     assert key in row, key
   assert 0 < row["mfu"] < 1
+  phases = ("rollout_wait", "experience", "update", "eval", "checkpoint")
+  assert sum(row[f"timing/{p}_s"] for p in phases) <= row["timing/iteration_s"]
+  assert row["timing/generation_s"] + row["timing/scoring_s"] <= row["timing/rollout_wait_s"]
+  for p in phases:
+    assert row[f"timing/{p}_share"] == row[f"timing/{p}_s"] / row["timing/iteration_s"]
 
 
 def test_nan_updates_are_skipped_then_stop(tmp_path):

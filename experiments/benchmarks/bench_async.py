@@ -15,7 +15,7 @@ It runs three ways:
                  params copy, the trainer on the rest, one step off-policy
 
 For each: the median seconds per iteration after warm-up, iterations per second, and the
-fraction of the iteration the trainer waited for its rollout (`rollout_wait_s`: the time
+fraction of the iteration the trainer waited for its rollout (`timing/rollout_wait_s`: the time
 until the producer handed over the scored batch, generation and scoring included, over
 `step_time_s`). Appends one row per way to results/bench_async.jsonl.
 """
@@ -53,7 +53,7 @@ def run(mode: str, steps: int, sampler: int) -> dict:
     summary = train(from_config_dict(raw))
     rows = [json.loads(line) for line in open(summary["metrics"])][WARMUP:]
   step = statistics.median(r["step_time_s"] for r in rows)
-  wait = statistics.median(r["rollout_wait_s"] / r["step_time_s"] for r in rows)
+  wait = statistics.median(r["timing/rollout_wait_s"] / r["step_time_s"] for r in rows)
   return {
     "mode": mode,
     "trainer_mesh": summary["mesh"],

@@ -71,7 +71,7 @@ def config(steps: int, workdir: str):
     eval_examples=16,
     eval_batch_size=16,
     progress=False,
-    tensorboard=False,
+    loggers="jsonl",
     workdir=workdir,
   )
   c.checkpoint.update(every=0)  # iterations only; no checkpoint writes in the timing

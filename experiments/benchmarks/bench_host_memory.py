@@ -95,7 +95,7 @@ def main(argv=None):
         "run.eval_examples": 8,
         "run.eval_batch_size": 8,
         "run.progress": False,
-        "run.tensorboard": False,
+        "run.loggers": "jsonl",
         "run.workdir": f"{tmp}/run-{name.replace(' ', '_')}-{tokens}",
         "warmstart.steps": 0,
         **overrides,

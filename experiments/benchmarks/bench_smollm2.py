@@ -164,7 +164,7 @@ def grpo_config(model_dir: Path, steps: int, workdir: str):
   c.algo.update(kl_coef=BETA, aggregation="token-mean", num_minibatches=1, micro_batches=1)
   c.optim.update(learning_rate=LR, warmup_steps=0)
   c.run.update(
-    steps=steps, workdir=workdir, eval_examples=8, eval_every=0, progress=False, tensorboard=False
+    steps=steps, workdir=workdir, eval_examples=8, eval_every=0, progress=False, loggers="jsonl"
   )
   c.checkpoint.update(every=0)
   return from_config_dict(c)

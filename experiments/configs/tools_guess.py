@@ -34,6 +34,6 @@ def get_config() -> ml_collections.ConfigDict:
   c.optim.update(learning_rate=5e-4, grad_clip=1.0)
   c.warmstart.update(steps=600, examples=2048, batch_size=64, learning_rate=3e-3)
   c.run.update(steps=500, seed=0, workdir="runs/tools_guess", eval_examples=256)
-  c.run.update(eval_batch_size=128, eval_every=25, tensorboard=False)
+  c.run.update(eval_batch_size=128, eval_every=25, loggers="jsonl")
   c.checkpoint.update(every=100)
   return c

@@ -23,6 +23,7 @@ tokens (to float rounding). An episode ends when the environment says so, after
 """
 
 import math
+import time
 from typing import NamedTuple
 
 import jax
@@ -365,9 +366,11 @@ class EpisodeProducer:
     """Step `step`'s episodes: one round of them (so any `max_rounds` holds)."""
     learner, cfg, G = self.learner, self.cfg, self.cfg.rollout.group_size
     examples = [e for e in next(self.stream) for _ in range(G)]  # group-major rows
+    start = time.perf_counter()
     ep = self.runner.play(
       examples, learner.state.policy, jax.random.fold_in(self.key, step), cfg.rollout.temperature
     )
+    played = time.perf_counter() - start  # model turns, tool calls and their scores
     shard = learner.shard_batch
     batch = Batch(
       *shard((ep.prompt_BxP, ep.prompt_mask_BxP, ep.tokens_BxN, ep.mask_BxN)),
@@ -381,6 +384,7 @@ class EpisodeProducer:
       "completions_sampled": cfg.batch_size,
       "staleness_mean": 0.0,
       "staleness_max": 0.0,
+      "timing/episodes_s": played,
     }
     # every episode's first prompt is prefilled once (not once per group: G x wider prompts),
     # then each turn decodes (the replies' prefill FLOPs are left out: a few tokens a turn)

@@ -19,6 +19,7 @@ samples, and where in the stream their prompts were drawn).
 """
 
 import collections
+import time
 from typing import NamedTuple
 
 import jax
@@ -222,14 +223,21 @@ class RolloutProducer:
   def _scored(self, job: InFlight, step: int, max_rounds: int | None = None) -> Rollout:
     learner, task, cfg = self.learner, self.task, self.cfg
     prompt, out = job.prompt, self._on_trainer(job.out)
+    start = time.perf_counter()
+    jax.block_until_ready(out)  # what is left of the generation, on the devices
+    generated = time.perf_counter()
     scores = scored(learner, task, job.local, out, cfg)
-    stats = scores.stats
+    stats = scores.stats | {
+      "timing/generation_s": generated - start,
+      "timing/scoring_s": time.perf_counter() - generated,
+    }
     rounds = [(prompt[0].shape[1], int(stats["response_length_max"]))]
     if cfg.rollout.dynamic_sampling:
+      start = time.perf_counter()
       batch, dynamic_stats, extra = refilled(
         learner, task, self.stream, cfg, self.key, step, prompt, out, scores, max_rounds
       )
-      stats |= dynamic_stats
+      stats |= dynamic_stats | {"timing/dynamic_rounds_s": time.perf_counter() - start}
       rounds += extra
     else:
       batch = Batch(

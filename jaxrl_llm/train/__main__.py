@@ -3,28 +3,17 @@
 import sys
 
 import jax
-from absl import app, flags, logging
+from absl import app, logging
 from ml_collections import config_flags
 
 from jaxrl_llm.train import distributed
-from jaxrl_llm.train.config import ConfigError, unknown_key
+from jaxrl_llm.train.config import ConfigError
 from jaxrl_llm.train.loop import train
-from jaxrl_llm.train.validate import from_config_dict
+from jaxrl_llm.train.validate import from_config_dict, parse_flags
 
 _CONFIG = config_flags.DEFINE_config_file(
   "config", "experiments/configs/default.py", "An experiment file with get_config()."
 )
-
-
-def parse_flags(argv):
-  """absl's flag parsing, with a misspelt `--config.<section>.<key>` as one line naming the
-  nearest key (the trainer's keys are every experiment file's: `default_config_dict`)."""
-  for arg in argv[1:]:
-    if arg.startswith("--config."):
-      message = unknown_key(arg[len("--config.") :].split("=")[0])
-      if message:
-        sys.exit(f"config error: {message}")
-  return flags.FLAGS(argv)
 
 
 def main(argv):

@@ -36,7 +36,9 @@ log = logging.getLogger(__name__)
 RESUMABLE = (
   "run.steps",
   "run.progress",
-  "run.tensorboard",
+  "run.loggers",
+  "run.wandb_project",
+  "run.profile_steps",
   "run.eval_batch_size",
   "run.eval_every",
   "run.peak_flops_per_device",
@@ -105,19 +107,22 @@ class CorruptCheckpoint(RuntimeError):
 
 
 class Checkpointer:
-  """Saves and restores a run's state under `directory` (local or gs://)."""
+  """Saves and restores a run's state under `directory` (local or gs://). `read_only`: for
+  readers beside a run (evaluation), which neither write, clean up nor set aside anything."""
 
-  def __init__(self, cfg: TrainConfig):
+  def __init__(self, cfg: TrainConfig, read_only: bool = False):
     c = cfg.checkpoint
     path = c.directory or f"{cfg.run.workdir}/checkpoints"
     # Orbax wants absolute paths; gs:// and other remote paths already are.
     self.directory = epath.Path(path) if "://" in path else epath.Path(path).resolve()
     self.config = config_dict(cfg)
+    self.read_only = read_only
     options = ocp.CheckpointManagerOptions(
       max_to_keep=c.keep,
       enable_async_checkpointing=c.async_save,
-      cleanup_tmp_directories=True,  # what a killed save left behind
-      create=True,
+      cleanup_tmp_directories=not read_only,  # what a killed save left behind
+      create=not read_only,
+      read_only=read_only,
     )
     self.manager = ocp.CheckpointManager(self.directory, options=options)
 
@@ -149,14 +154,18 @@ class Checkpointer:
   def read_meta(self, step: int) -> dict:
     return self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
 
-  def restore_latest(self, target) -> Restored | None:
-    """The newest readable step, restored onto `target`'s shardings; None if there is none.
+  def restore_latest(self, target, only: int | None = None) -> Restored | None:
+    """The newest readable step (or step `only`), restored onto `target`'s shardings; None if
+    there is none.
 
     `target` is the state as ShapeDtypeStructs with shardings. A config that differs
     from the checkpoint's in a way that matters raises ConfigError before any array
-    is read; an unreadable step is moved aside and the one before it is tried.
+    is read; an unreadable step is moved aside and the one before it is tried (read-only,
+    CorruptCheckpoint is raised instead).
     """
-    for step in reversed(self.steps()):
+    if only is not None and only not in self.steps():
+      raise ConfigError(f"{self.directory} has no step {only}; it has steps {self.steps()}.")
+    for step in [only] if only is not None else reversed(self.steps()):
       try:
         meta = self.read_meta(step)
       except Exception as e:  # noqa: BLE001 - any failure to read means this step is unusable
@@ -194,6 +203,8 @@ class Checkpointer:
 
   def _set_aside(self, step: int, why: str) -> None:
     """Moves an unusable step out of the manager's view, keeping its files."""
+    if self.read_only:
+      raise CorruptCheckpoint(f"checkpoint step {step} in {self.directory} is unusable: {why}.")
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%S")
     aside = self.directory.parent / "corrupt_checkpoints" / f"{step}-{stamp}"
     if jax.process_index() == 0:

@@ -137,7 +137,8 @@ class LoraSection:
 class TaskSection:
   """`name`: a task of `jaxrl_llm.data.TASKS`: arithmetic (digits, ops), countdown (count,
   max_number), gsm8k (path to a local GSM8K-format .jsonl/.parquet file, optional
-  test_path), chain (digits; kwargs min_terms, max_terms), or one you registered.
+  test_path), chain (digits; kwargs min_terms, max_terms), dataset (your own prompts and
+  answers: path, prompt_key, answer_key, optional test_path), or one you registered.
   `kwargs`: a JSON object of the task's own keyword arguments, e.g. '{"max_terms": 4}'."""
 
   name: str = "arithmetic"  # a task of jaxrl_llm.data.TASKS
@@ -146,10 +147,17 @@ class TaskSection:
   ops: str = "+"  # arithmetic: the operators drawn from, e.g. "+-"
   count: int = at_least(4, 2)  # countdown: how many numbers a problem gives
   max_number: int = at_least(50, 1)  # countdown: the largest number given
-  path: str = ""  # gsm8k: the local .jsonl or .parquet training file
-  test_path: str = ""  # gsm8k: the held-out file ("": held out from `path`)
+  # gsm8k and dataset: the local .jsonl or .parquet training file (dataset: or a saved
+  # Hugging Face `datasets` directory)
+  path: str = ""
+  test_path: str = ""  # gsm8k and dataset: the held-out file ("": held out from `path`)
+  # dataset: the prompt column (text, or chat messages)
+  prompt_key: str = "prompt"
+  # dataset: the answer column, dotted into nested ones ("reward_model.ground_truth" in
+  # verl's layout); "": the first of reward_model.ground_truth, solution, answer, ground_truth
+  answer_key: str = ""
   data_dir: str = ""  # set: examples go through TFDS array_record files prepared here
-  # gsm8k without test_path: the share of `path` held out
+  # gsm8k and dataset without test_path: the share of `path` held out
   test_fraction: float = between(0.2, 0, 1, low_open=True, high_open=True)
   train_examples: int = at_least(4096, 1)  # prompts RL draws from (answers: rewards only)
   prompt_length: int = at_least(8, 1)  # the longest prompt, in tokens
@@ -162,8 +170,9 @@ class TaskSection:
   answer_marker: str = "Answer:"  # the reward reads the number after it (rewards.math)
   strict_answer: bool = False  # True: no marker, #### or \boxed{} answer scores 0
   # The correctness reward, a name in `jaxrl_llm.rewards.REWARDS`; "" takes the task's own
-  # (exact_match for arithmetic, chain and gsm8k; countdown's for countdown). "math_verify":
-  # equivalence by math-verify in a sandboxed worker (pip install 'jaxrl_llm[math]').
+  # (exact_match for arithmetic, chain, gsm8k and dataset; countdown's for countdown).
+  # "math_verify": equivalence by math-verify in a sandboxed worker (pip install
+  # 'jaxrl_llm[math]').
   reward: str = ""
   # Drop prompts longer than prompt_length (counted in the logs) instead of stopping the run.
   filter_overlong_prompts: bool = False
@@ -357,7 +366,12 @@ class RunSection:
   eval_examples: int = at_least(256, 1)  # held-out problems greedy accuracy is measured on
   eval_batch_size: int = at_least(256, 1)  # rows per held-out generation
   eval_every: int = at_least(0, 0)  # > 0: held-out greedy accuracy every this many steps
-  tensorboard: bool = True  # also write TensorBoard files under <workdir>/tb
+  # Where metrics go, any of: jsonl (<workdir>/metrics.jsonl), tensorboard (<workdir>/tb),
+  # wandb (Weights & Biases, pip install 'jaxrl_llm[wandb]'; WANDB_MODE=offline works)
+  loggers: str = "jsonl,tensorboard"
+  wandb_project: str = "jaxrl_llm"  # the wandb project; the run is named after the workdir
+  # "a,b": a jax.profiler trace of steps a to b (1-based, as logged) under <workdir>/profile
+  profile_steps: str = ""
   progress: bool = True  # a progress bar over the steps
   peak_flops_per_device: float | None = above(None, 0)  # MFU's; None: known or measured
 
@@ -519,6 +533,17 @@ class TrainConfig:
     a = self.algo
     fn = core.estimator_function(a.estimator)
     return _accepted(fn, {"gamma": a.gamma, "lam": a.lam}) | _json(a.estimator_kwargs)
+
+  def loggers(self) -> tuple[str, ...]:
+    """`run.loggers` as names."""
+    return tuple(n.strip() for n in self.run.loggers.split(",") if n.strip())
+
+  def profile_range(self) -> tuple[int, int] | None:
+    """`run.profile_steps` as (first, last), or None."""
+    if not self.run.profile_steps:
+      return None
+    first, _, last = self.run.profile_steps.partition(",")
+    return int(first), int(last or first)
 
   def task_kwargs(self) -> dict:
     """`task.kwargs` parsed: the task's keyword arguments."""

@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 import jax
-import numpy as np
 from jax.sharding import Mesh
 from tqdm import tqdm
 
@@ -25,7 +24,7 @@ from jaxrl_llm.rollout import episodes as episodes_lib
 from jaxrl_llm.rollout import producer as producer_lib
 from jaxrl_llm.rollout.batch import Batch
 from jaxrl_llm.train import checkpoint as checkpoint_lib
-from jaxrl_llm.train import learned_reward, perf
+from jaxrl_llm.train import evaluation, learned_reward, perf
 from jaxrl_llm.train import step as step_lib
 from jaxrl_llm.train.config import ConfigError, TrainConfig
 from jaxrl_llm.train.learner import Learner
@@ -36,6 +35,9 @@ from jaxrl_llm.train.task import Task
 from jaxrl_llm.train.validate import advice, carve_devices, check_devices
 
 log = logging.getLogger(__name__)
+
+
+OBJECTS = ("learner", "task", "test")  # what the summary returns beside its figures
 
 
 class TrainingDiverged(RuntimeError):
@@ -70,29 +72,8 @@ class _Job:
       return episodes_lib.evaluate_episodes(
         self.episodes, params, self.test, self.cfg.run.eval_batch_size
       )
-    return evaluate(self.learner, self.task, self.test, self.cfg.run.eval_batch_size)
-
-
-def evaluate(learner: Learner, task: Task, examples: list[dict], batch_size: int) -> float:
-  """Greedy accuracy (exact match) on `examples`; each process decodes and scores its rows."""
-  correct = []
-  rows = hosts.local_rows(learner.mesh, batch_size)
-  for start in range(0, len(examples), batch_size):
-    chunk = examples[start : start + batch_size]
-    padded = chunk + [chunk[-1]] * (batch_size - len(chunk))  # one compiled shape
-    local = padded[rows]
-    prompt = producer_lib.local_prompts(learner, task, local)
-    out = learner.generate(
-      learner.state.policy if learner.state else learner.policy,
-      *learner.shard_batch((prompt.tokens_BxP, prompt.mask_BxP)),
-      jax.random.key(0),
-      num_samples=1,
-      temperature=0.0,
-    )
-    completions = task.decode(hosts.to_local(out.tokens_BxN), hosts.to_local(out.mask_BxN))
-    flags = hosts.gather(np.asarray(task.correct(completions, local), np.float64))
-    correct.extend(flags[: len(chunk)])
-  return float(np.mean(correct))
+    held_out = evaluation.evaluate(self.learner, self.task, self.test, self.cfg.run.eval_batch_size)
+    return held_out.summary["accuracy"]
 
 
 def _labelled_batch(task, local, max_new_tokens) -> Batch:
@@ -277,9 +258,11 @@ def _iteration(job: _Job, producer, step: int, n_params: int) -> tuple[dict, int
   cfg, learner = job.cfg, job.learner
   start = time.perf_counter()
   rollout = producer.next(step, max_rounds=_rounds_left(job))
-  waited = time.perf_counter() - start  # for the samples, their scores and the batch
-  exp, exp_metrics = learner.experience(rollout.batch)
-  update_metrics = learner.update(exp)
+  waited = time.perf_counter()  # for the samples, their scores and the batch
+  exp, exp_metrics = jax.block_until_ready(learner.experience(rollout.batch))
+  experienced = time.perf_counter()
+  update_metrics = jax.block_until_ready(learner.update(exp))
+  updated = time.perf_counter()
   producer.updated(step)  # on-policy, the next rollout is dispatched before these are read
   opt = learner.state.policy_opt
   update_metrics, exp_metrics, notfinite, skipped = jax.device_get(
@@ -292,12 +275,45 @@ def _iteration(job: _Job, producer, step: int, n_params: int) -> tuple[dict, int
   flops = perf.iteration_flops(n_params, cfg, width, rollout.rounds)
   metrics |= {
     "step_time_s": elapsed,
-    "rollout_wait_s": waited,
+    "timing/rollout_wait_s": waited - start,
+    "timing/experience_s": experienced - waited,
+    "timing/update_s": updated - experienced,
     "tokens_per_s": perf.tokens_per_step(cfg, width) / elapsed,
     "mfu": job.peak.mfu(flops, elapsed),
     "skipped_updates": int(skipped),
   }
   return metrics, int(notfinite)
+
+
+class _Profiler:
+  """A `jax.profiler` trace under `<workdir>/profile` (TensorBoard's profile plugin or
+  Perfetto open it), stopped at the latest when the loop ends."""
+
+  def __init__(self, workdir):
+    self.directory, self.running = Path(workdir) / "profile", False
+
+  def start(self) -> None:
+    jax.profiler.start_trace(str(self.directory))
+    self.running = True
+
+  def stop(self) -> None:
+    if self.running:
+      jax.profiler.stop_trace()
+      self.running = False
+      log.warning("wrote a profile trace to %s", self.directory)
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.stop()
+
+
+def _with_shares(metrics: dict, iteration: float) -> dict:
+  """The step's timings with the whole iteration's time and each phase's share of it."""
+  phases = {k: v for k, v in metrics.items() if k.startswith("timing/") and k.endswith("_s")}
+  shares = {f"{k.removesuffix('_s')}_share": v / iteration for k, v in phases.items()}
+  return metrics | shares | {"timing/iteration_s": iteration}
 
 
 def _stop_if_diverged(job: _Job, step: int, notfinite: int, writer, ckpt) -> None:
@@ -367,18 +383,32 @@ def _steps(job: _Job, producer, ckpt, writer, first: int) -> tuple:
     desc=f"{cfg.algo.estimator}/{cfg.algo.policy_loss}",
     disable=not job.show,
   )
-  with Preemption(active=ckpt is not None) as preemption:
+  profile = cfg.profile_range()
+  with Preemption(active=ckpt is not None) as preemption, _Profiler(cfg.run.workdir) as profiler:
     for step in bar:
-      metrics, notfinite = _iteration(job, producer, step, n_params)
+      if profile is not None and step + 1 == profile[0]:
+        profiler.start()
+      start = time.perf_counter()
+      with jax.profiler.StepTraceAnnotation("rl_step", step_num=step + 1):
+        metrics, notfinite = _iteration(job, producer, step, n_params)
       job.summary["completions_sampled"] += metrics["completions_sampled"]  # every producer's
       done = step + 1
       if cfg.run.eval_every and (done % cfg.run.eval_every == 0 or _budget_spent(job)):
+        evaluating = time.perf_counter()
         metrics["heldout_accuracy"] = job.evaluate()
+        metrics["timing/eval_s"] = time.perf_counter() - evaluating
         last_eval = (done, metrics["heldout_accuracy"])
-      writer.write(done, metrics)
-      bar.set_postfix(reward=f"{metrics['reward_mean']:.3f}", acc=f"{metrics['accuracy']:.2f}")
+      if notfinite >= cfg.optim.max_consecutive_skips:  # this row, then the error
+        writer.write(done, metrics)
       _stop_if_diverged(job, step, notfinite, writer, ckpt)
-      if _checkpoint(job, ckpt, producer, done, preemption) or _budget_spent(job):
+      saving = time.perf_counter()
+      stop = _checkpoint(job, ckpt, producer, done, preemption)
+      metrics["timing/checkpoint_s"] = time.perf_counter() - saving
+      writer.write(done, _with_shares(metrics, time.perf_counter() - start))
+      bar.set_postfix(reward=f"{metrics['reward_mean']:.3f}", acc=f"{metrics['accuracy']:.2f}")
+      if profile is not None and done == profile[1]:
+        profiler.stop()
+      if stop or _budget_spent(job):
         break
   bar.close()
   return last_eval, done
@@ -393,7 +423,7 @@ def _finish(job: _Job, writer, ckpt, last_eval, done: int) -> dict:
     ckpt.close()
   summary, cfg = job.summary, job.cfg
   summary["metrics"] = str(writer.path)
-  summary["learner"] = job.learner
+  summary |= {"learner": job.learner, "task": job.task, "test": job.test}
   if summary["preempted"]:
     return summary
   # The last step's periodic evaluation already scored this policy on these examples.
@@ -403,7 +433,7 @@ def _finish(job: _Job, writer, ckpt, last_eval, done: int) -> dict:
   summary["heldout_accuracy_after"] = after
   summary["steps_run"] = done
   if jax.process_index() == 0:
-    record = {k: v for k, v in summary.items() if k != "learner"} | {"steps": cfg.run.steps}
+    record = {k: v for k, v in summary.items() if k not in OBJECTS} | {"steps": cfg.run.steps}
     (Path(cfg.run.workdir) / "summary.json").write_text(json.dumps(record, indent=2) + "\n")
   return summary
 
@@ -439,6 +469,6 @@ def train(cfg: TrainConfig, devices=None, task: Task | None = None) -> dict:
     producer.restore(producer_state)
   elif ckpt is not None:  # the warm-started policy: a resumed run never repeats the warm start
     ckpt.save(0, job.learner.saved(job.learner.state), _meta(job, producer))
-  writer = MetricsWriter(cfg.run.workdir, cfg.run.tensorboard, start_step=first)
+  writer = MetricsWriter.for_run(cfg, first)
   last_eval, done = _steps(job, producer, ckpt, writer, first)
   return _finish(job, writer, ckpt, last_eval, done)

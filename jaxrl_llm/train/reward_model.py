@@ -332,7 +332,7 @@ def _train(cfg, trainer, pairs, state, first, ckpt, meta) -> dict:
   """Steps `first` .. run.steps - 1 with evaluation and checkpoints; stops early (saved) on
   SIGTERM or SIGINT."""
   rows = hosts.local_rows(trainer.mesh, cfg.reward_model.batch_size)
-  writer = MetricsWriter(cfg.run.workdir, cfg.run.tensorboard, start_step=first)
+  writer = MetricsWriter.for_run(cfg, first)
   out = {"preempted": False}
   show = cfg.run.progress and jax.process_index() == 0
   bar = tqdm(range(first, cfg.run.steps), initial=first, total=cfg.run.steps, disable=not show)

@@ -3,19 +3,23 @@ cannot work (a `ConfigError` naming the key and the fix), `advice` lists setting
 but usually spoil a run. One function per section of the config."""
 
 import dataclasses
+import importlib.util
 import inspect
 import json
 import math
+import sys
 from typing import Any
 
 import jax
+from absl import flags
 
 from jaxrl_llm import core
 from jaxrl_llm.core.correction import check_hparams
 from jaxrl_llm.models.config import REMAT_POLICIES
 from jaxrl_llm.models.lora import QUANT_TYPES, resolve_targets
-from jaxrl_llm.train.config import ConfigError, TrainConfig, build, value_range
+from jaxrl_llm.train.config import ConfigError, TrainConfig, build, unknown_key, value_range
 
+LOGGERS = ("jsonl", "tensorboard", "wandb")
 PRETRAINED_MAX_LR = 1e-4  # above it, one update moves a pretrained policy far from itself
 
 
@@ -25,6 +29,17 @@ def from_config_dict(config: Any) -> TrainConfig:
   cfg = build(config)
   validate(cfg)
   return cfg
+
+
+def parse_flags(argv):
+  """absl's flag parsing, with a misspelt `--config.<section>.<key>` as one line naming the
+  nearest key (the trainer's keys are every experiment file's: `default_config_dict`)."""
+  for arg in argv[1:]:
+    if arg.startswith("--config."):
+      message = unknown_key(arg[len("--config.") :].split("=")[0])
+      if message:
+        sys.exit(f"config error: {message}")
+  return flags.FLAGS(argv)
 
 
 def validate(cfg: TrainConfig) -> None:
@@ -347,6 +362,24 @@ def _run(cfg: TrainConfig) -> None:
     cfg.optim.schedule in ("constant", "cosine"),
     f"config.optim.schedule={cfg.optim.schedule!r}; use 'constant' or 'cosine'.",
   )
+  unknown = [n for n in cfg.loggers() if n not in LOGGERS]
+  _check(
+    not unknown, f"config.run.loggers={cfg.run.loggers!r}: unknown {unknown}; use any of {LOGGERS}."
+  )
+  _check(
+    "wandb" not in cfg.loggers() or importlib.util.find_spec("wandb") is not None,
+    "config.run.loggers names wandb, which is not installed: pip install 'jaxrl_llm[wandb]' "
+    "(WANDB_MODE=offline logs without an account), or leave it out.",
+  )
+  try:
+    first, last = cfg.profile_range() or (1, 1)
+  except ValueError:
+    first, last = 0, 0
+  _check(
+    1 <= first <= last,
+    f"config.run.profile_steps={cfg.run.profile_steps!r}; give 'a,b' with 1 <= a <= b (the "
+    "steps to trace, as logged), or leave it empty.",
+  )
   d = cfg.distributed
   _check(
     not d.coordinator_address or (d.num_processes >= 1 and 0 <= d.process_id < d.num_processes),
@@ -414,6 +447,15 @@ def _task(cfg: TrainConfig) -> None:
     cfg.task.name != "gsm8k" or bool(cfg.task.path),
     "config.task.name='gsm8k' needs config.task.path: a local GSM8K-format .jsonl or .parquet "
     "file (records with 'question' and an 'answer' ending in '#### <number>').",
+  )
+  _check(
+    cfg.task.name != "dataset" or bool(cfg.task.path),
+    "config.task.name='dataset' needs config.task.path: a local .jsonl or .parquet file or a "
+    "saved Hugging Face dataset directory, with a prompt and an answer column.",
+  )
+  _check(
+    bool(cfg.task.prompt_key),
+    "config.task.prompt_key is empty; name the column that holds the prompts.",
   )
 
 

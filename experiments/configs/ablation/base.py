@@ -37,6 +37,6 @@ def get_config(suite: str | None = None) -> ml_collections.ConfigDict:
   )
   c.optim.update(learning_rate=5e-4, grad_clip=1.0)
   c.warmstart.update(steps=0)  # the runner warm-starts once per task and sets model.path
-  c.run.update(steps=600, seed=0, eval_examples=256, eval_every=50, tensorboard=False)
+  c.run.update(steps=600, seed=0, eval_examples=256, eval_every=50, loggers="jsonl")
   c.checkpoint.update(every=200)
   return c

@@ -10,6 +10,6 @@ from experiments.configs import default
 def get_config():
   c = default.get_config()
   c.warmstart.update(steps=0)
-  c.run.update(eval_every=100, tensorboard=False)
+  c.run.update(eval_every=100, loggers="jsonl")
   c.checkpoint.update(every=500)
   return c

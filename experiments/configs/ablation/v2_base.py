@@ -49,7 +49,7 @@ def smollm2_config():
     sample_budget=SMOLLM2_STEPS * c.rollout.prompts_per_step * c.rollout.group_size,
     eval_every=8,
     eval_examples=128,
-    tensorboard=False,
+    loggers="jsonl",
   )
   c.checkpoint.update(every=8, keep=2)  # a run takes ~9 min beside another: a killed one resumes
   return c

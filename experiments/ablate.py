@@ -119,13 +119,13 @@ def _downsample(steps, values, points: int = 60):
 def collect_run(workdir: Path, target: float) -> dict:
   summary = json.loads((workdir / "summary.json").read_text())
   rows = _rows(workdir)
-  elapsed = np.cumsum([r["step_time_s"] for r in rows])
-  sampled = np.cumsum([r.get("completions_sampled", 0) for r in rows])
-  evals = [(int(r["step"]), r["heldout_accuracy"], float(elapsed[i]), int(sampled[i]))
-           for i, r in enumerate(rows) if r.get("heldout_accuracy") is not None]  # fmt: skip
+  elapsed = np.cumsum([r["perf/step_time_s"] for r in rows])
+  sampled = np.cumsum([r.get("rollout/completions_sampled", 0) for r in rows])
+  evals = [(int(r["step"]), r["eval/heldout_accuracy"], float(elapsed[i]), int(sampled[i]))
+           for i, r in enumerate(rows) if r.get("eval/heldout_accuracy") is not None]  # fmt: skip
   reached = next(((s, t) for s, a, t, _ in evals if a >= target), None)
   steps = np.array([r["step"] for r in rows])
-  lengths = np.array([r["response_length_mean"] for r in rows], float)
+  lengths = np.array([r["rollout/response_length_mean"] for r in rows], float)
   curve = lambda key: [  # noqa: E731
     list(x)
     for x in zip(
@@ -134,7 +134,10 @@ def collect_run(workdir: Path, target: float) -> dict:
   ]
   accuracies = [summary["heldout_accuracy_before"]] + [a for _, a, _, _ in evals]
   clip = [
-    {"step": r["step"], "clipfrac": (r.get("clipfrac_low") or 0) + (r.get("clipfrac_high") or 0)}
+    {
+      "step": r["step"],
+      "clipfrac": (r.get("train/clipfrac_low") or 0) + (r.get("train/clipfrac_high") or 0),
+    }
     for r in rows
   ]
   return {
@@ -149,24 +152,24 @@ def collect_run(workdir: Path, target: float) -> dict:
     "eval_curve_samples": [[0, summary["heldout_accuracy_before"]]]
     + [[n, a] for _, a, _, n in evals if n],
     "length_curve": [list(x) for x in zip(*_downsample(steps, lengths), strict=True)],
-    "length_wrong_curve": curve("response_length_wrong"),
-    "entropy_curve": curve("entropy"),
+    "length_wrong_curve": curve("rollout/response_length_wrong"),
+    "entropy_curve": curve("train/entropy"),
     "steps_run": len(rows),
     "samples": int(sampled[-1]) if len(sampled) else 0,
     "drawdown": _drawdown(accuracies),
-    "grad_norm_cv": _variation(rows, "grad_norm"),
+    "grad_norm_cv": _variation(rows, "train/grad_norm"),
     "initial": {
-      "entropy": _final(rows, "entropy", first=True),
-      "length_correct": _final(rows, "response_length_correct", first=True),
-      "length_wrong": _final(rows, "response_length_wrong", first=True),
+      "entropy": _final(rows, "train/entropy", first=True),
+      "length_correct": _final(rows, "rollout/response_length_correct", first=True),
+      "length_wrong": _final(rows, "rollout/response_length_wrong", first=True),
     },
     "final": {
-      "kl": _final(rows, "kl_ref_k3"),
-      "entropy": _final(rows, "entropy"),
-      "length_correct": _final(rows, "response_length_correct"),
-      "length_wrong": _final(rows, "response_length_wrong"),
+      "kl": _final(rows, "train/kl_ref_k3"),
+      "entropy": _final(rows, "train/entropy"),
+      "length_correct": _final(rows, "rollout/response_length_correct"),
+      "length_wrong": _final(rows, "rollout/response_length_wrong"),
       "clipfrac": _final(clip, "clipfrac"),
-      "train_accuracy": _final(rows, "accuracy"),
+      "train_accuracy": _final(rows, "rollout/accuracy"),
     },
   }
 

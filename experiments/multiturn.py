@@ -30,15 +30,15 @@ TASKS = {
   "guess": ("experiments.configs.tools_guess", {"feedback": False}, "turns_per_episode"),
 }
 LABELS = {"calculator": ("with the tool", "no tool"), "guess": ("with feedback", "no feedback")}
-LOGGED = (
-  "accuracy",
-  "reward_mean",
-  "turns_per_episode",
-  "tool_call_rate",
-  "malformed_call_rate",
-  "model_tokens_per_episode",
-  "env_tokens_per_episode",
-  "step_time_s",
+LOGGED = (  # kept under their names without the group
+  "rollout/accuracy",
+  "rollout/reward_mean",
+  "rollout/turns_per_episode",
+  "rollout/tool_call_rate",
+  "rollout/malformed_call_rate",
+  "rollout/model_tokens_per_episode",
+  "rollout/env_tokens_per_episode",
+  "perf/step_time_s",
 )
 
 
@@ -53,7 +53,7 @@ def run(module: str, baseline: dict | None, seed: int) -> dict:
     summary = train(from_config_dict(c))
     seconds = time.perf_counter() - start
     rows = [json.loads(line) for line in Path(summary["metrics"]).read_text().splitlines()]
-  evals = [[r["step"], r["heldout_accuracy"]] for r in rows if "heldout_accuracy" in r]
+  evals = [[r["step"], r["eval/heldout_accuracy"]] for r in rows if "eval/heldout_accuracy" in r]
   return {
     "seed": seed,
     "env_kwargs": c.env.kwargs,
@@ -61,7 +61,7 @@ def run(module: str, baseline: dict | None, seed: int) -> dict:
     "before": summary["heldout_accuracy_before"],
     "after": summary["heldout_accuracy_after"],
     "eval_curve": [[0, summary["heldout_accuracy_before"]], *evals],
-    "steps": {k: [r.get(k) for r in rows] for k in LOGGED},
+    "steps": {k.split("/", 1)[1]: [r.get(k) for r in rows] for k in LOGGED},
   }
 
 

@@ -48,7 +48,8 @@ ALGOS = {"GRPO": {"algo.estimator": "grpo"}, "PPO": {"algo.estimator": "gae"}}
 KL_COEFS = (0.0, 0.1)
 RL_LEARNING_RATE = 1e-4  # a fifth of the default run's: the proxy is exploited in tens of steps
 WINDOWS = 12  # each curve is averaged over this many equal windows of steps
-GOLD, PROXY, KL = "accuracy", "reward/reward_model", "kl_ref_k3"
+GOLD, PROXY, KL = "rollout/accuracy", "rollout/reward/reward_model", "train/kl_ref_k3"
+HELDOUT_PAIRS_KEY = "eval/heldout_pair_accuracy"
 
 
 def policy(out: Path, work: Path) -> Path:
@@ -122,7 +123,7 @@ def proxy(out: Path, work: Path, hf: Path, pairs: list[dict], size: int, steps: 
   if not launch.is_done(workdir, steps):
     launch.run(_train() + launch.flags(settings), workdir / "log.txt", out)
   rows = [json.loads(line) for line in (workdir / "metrics.jsonl").open()]
-  accuracy = [r["heldout_pair_accuracy"] for r in rows if "heldout_pair_accuracy" in r][-1]
+  accuracy = [r[HELDOUT_PAIRS_KEY] for r in rows if HELDOUT_PAIRS_KEY in r][-1]
   return {"pairs": size, "workdir": workdir.name, "steps": steps, "heldout_pair_accuracy": accuracy}
 
 

@@ -33,9 +33,10 @@ _CONFIG = config_flags.DEFINE_config_file(
 )
 RESULTS = Path(__file__).parent / "results"
 _NAME = flags.DEFINE_string("name", "smollm2_arithmetic", "Result file names.")
+# The run's metrics the curve file keeps, each under its name without the group.
 CURVE_KEYS = (
-  "reward_mean", "accuracy", "heldout_accuracy", "kl_ref_k3", "entropy",
-  "response_length_mean", "step_time_s",
+  "rollout/reward_mean", "rollout/accuracy", "eval/heldout_accuracy", "train/kl_ref_k3",
+  "train/entropy", "rollout/response_length_mean", "perf/step_time_s",
 )  # fmt: skip
 
 
@@ -77,7 +78,9 @@ def main(argv):
   seconds = time.perf_counter() - start
   steps = [json.loads(line) for line in Path(summary["metrics"]).read_text().splitlines()]
   rows = [{"step": 0, "heldout_accuracy": summary["heldout_accuracy_before"]}]
-  rows += [{"step": r["step"]} | {k: r[k] for k in CURVE_KEYS if k in r} for r in steps]
+  rows += [
+    {"step": r["step"]} | {k.split("/", 1)[1]: r[k] for k in CURVE_KEYS if k in r} for r in steps
+  ]
   rows[-1]["heldout_accuracy"] = summary["heldout_accuracy_after"]
   curve = RESULTS / f"{_NAME.value}_curve.jsonl"
   curve.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -95,7 +98,7 @@ def main(argv):
     "heldout_examples": cfg.run.eval_examples,
     "wall_seconds": seconds,  # conversion (when needed), compilation, evaluations, every step
     # steps after the first, which compiles
-    "step_time_s_median": statistics.median(r["step_time_s"] for r in steps[1:]),
+    "step_time_s_median": statistics.median(r["perf/step_time_s"] for r in steps[1:]),
     # Linux reports ru_maxrss in KiB: the peak resident set of this whole process
     "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
     "heldout_accuracy_before": before,

@@ -26,21 +26,21 @@ def _fake_run(workdir, accuracies, eval_every=2, lengths=(3.0, 5.0), wrong_growt
   rows = []
   for step in range(1, 2 * len(accuracies) + 1):
     row = {
-      "grad_norm": 1.0 + step % 2,
+      "train/grad_norm": 1.0 + step % 2,
       "step": step,
-      "step_time_s": 0.5,
-      "response_length_mean": 4.0 + step,
-      "response_length_correct": lengths[0],
-      "response_length_wrong": lengths[1] + wrong_growth * step,
-      "kl_ref_k3": 0.01 * step,
-      "entropy": 1.0,
-      "clipfrac_low": 0.01,
-      "clipfrac_high": 0.02,
-      "accuracy": 0.5,
-      "completions_sampled": 64,
+      "perf/step_time_s": 0.5,
+      "rollout/response_length_mean": 4.0 + step,
+      "rollout/response_length_correct": lengths[0],
+      "rollout/response_length_wrong": lengths[1] + wrong_growth * step,
+      "train/kl_ref_k3": 0.01 * step,
+      "train/entropy": 1.0,
+      "train/clipfrac_low": 0.01,
+      "train/clipfrac_high": 0.02,
+      "rollout/accuracy": 0.5,
+      "rollout/completions_sampled": 64,
     }
     if step % eval_every == 0:
-      row["heldout_accuracy"] = accuracies[step // eval_every - 1]
+      row["eval/heldout_accuracy"] = accuracies[step // eval_every - 1]
     rows.append(row)
   (workdir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
   summary = {"heldout_accuracy_before": 0.1, "heldout_accuracy_after": accuracies[-1]}

@@ -186,15 +186,15 @@ def test_the_trainer_weighs_tokens_by_the_samplers_log_probs(tmp_path):
   from jaxrl_llm.train import train
 
   plain = _last_metrics(train(small_config(tmp_path / "plain", **{"algo.correction": "token_tis"})))
-  assert plain["mismatch_k3"] < 1e-6
-  np.testing.assert_allclose(plain["is_weight_mean"], 1.0, atol=1e-4)
+  assert plain["train/mismatch_k3"] < 1e-6
+  np.testing.assert_allclose(plain["train/is_weight_mean"], 1.0, atol=1e-4)
   nucleus = small_config(
     tmp_path / "nucleus", **{"rollout.top_p": 0.7, "algo.correction": "token_tis"}
   )
   m = _last_metrics(train(nucleus))
-  assert m["mismatch_k3"] > 1e-3
-  assert m["is_weight_mean"] < 0.99
-  assert m["is_weight_max"] <= 1.0 + 1e-5  # a nucleus never makes a token less likely
+  assert m["train/mismatch_k3"] > 1e-3
+  assert m["train/is_weight_mean"] < 0.99
+  assert m["train/is_weight_max"] <= 1.0 + 1e-5  # a nucleus never makes a token less likely
 
 
 def test_corrected_policy_loss_weighs_the_registered_loss():

@@ -141,7 +141,7 @@ def test_trainer_runs_each_task(tmp_path, name, extra):
   )
   summary = train(cfg, devices=jax.devices()[:1])
   row = json.loads(open(summary["metrics"]).readline())
-  assert 0 <= row["accuracy"] <= 1 and np.isfinite(row["loss"])
+  assert 0 <= row["rollout/accuracy"] <= 1 and np.isfinite(row["train/loss"])
 
 
 def test_bucket_length():

@@ -68,11 +68,11 @@ def test_dynamic_sampling_filters_on_correctness_by_default(tmp_path, metric):
   )  # fmt: skip
   summary = train(cfg, devices=jax.devices()[:1])
   (row,) = [json.loads(line) for line in open(summary["metrics"])]
-  assert row["accuracy"] == 0.0 and row["reward_std"] > 0  # the penalty varies
+  assert row["rollout/accuracy"] == 0.0 and row["rollout/reward_std"] > 0  # the penalty varies
   if metric == "accuracy":
-    assert row["dynamic_groups_kept"] == 0 and row["grad_norm"] == 0.0
+    assert row["rollout/dynamic_groups_kept"] == 0 and row["train/grad_norm"] == 0.0
   else:
-    assert row["dynamic_groups_kept"] > 0 and row["grad_norm"] > 0.0
+    assert row["rollout/dynamic_groups_kept"] > 0 and row["train/grad_norm"] > 0.0
 
 
 def test_trainer_with_dynamic_sampling(tmp_path):
@@ -80,9 +80,12 @@ def test_trainer_with_dynamic_sampling(tmp_path):
   summary = train(cfg, devices=jax.devices()[:1], task=OnesTask(cfg))
   rows = [json.loads(line) for line in open(summary["metrics"])]
   for row in rows:
-    assert 0 <= row["zero_variance_group_fraction"] <= 1
-    assert 0 <= row["dynamic_extra_rounds"] <= 2
-    assert row["informative_group_fraction"] >= 1 - row["zero_variance_group_fraction"] - 1e-6
+    assert 0 <= row["rollout/zero_variance_group_fraction"] <= 1
+    assert 0 <= row["rollout/dynamic_extra_rounds"] <= 2
+    assert (
+      row["rollout/informative_group_fraction"]
+      >= 1 - row["rollout/zero_variance_group_fraction"] - 1e-6
+    )
 
 
 def test_all_equal_rewards_use_every_extra_round(tmp_path):
@@ -94,8 +97,8 @@ def test_all_equal_rewards_use_every_extra_round(tmp_path):
   )
   summary = train(cfg, devices=jax.devices()[:1])
   rows = [json.loads(line) for line in open(summary["metrics"])]
-  assert [r["dynamic_extra_rounds"] for r in rows] == [2, 2]
-  assert all(r["zero_variance_group_fraction"] == 1.0 for r in rows)
+  assert [r["rollout/dynamic_extra_rounds"] for r in rows] == [2, 2]
+  assert all(r["rollout/zero_variance_group_fraction"] == 1.0 for r in rows)
 
 
 def test_a_sample_budget_is_met_exactly_by_dynamic_sampling(tmp_path):
@@ -114,5 +117,7 @@ def test_a_sample_budget_is_met_exactly_by_dynamic_sampling(tmp_path):
   )  # fmt: skip
   summary = train(cfg, devices=jax.devices()[:1])
   rows = [json.loads(line) for line in open(summary["metrics"])]
-  assert [r["dynamic_extra_rounds"] for r in rows] == [2, 1]
-  assert sum(r["completions_sampled"] for r in rows) == budget == summary["completions_sampled"]
+  assert [r["rollout/dynamic_extra_rounds"] for r in rows] == [2, 1]
+  assert (
+    sum(r["rollout/completions_sampled"] for r in rows) == budget == summary["completions_sampled"]
+  )

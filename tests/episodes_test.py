@@ -207,10 +207,14 @@ def test_env_run_kill_9_then_resume_equals_uninterrupted_run(tmp_path):
   assert_bitwise_equal(params(resumed), params(ref))
   rows = metric_rows(tmp_path / "ref")
   assert metric_rows(tmp_path / "killed") == rows
-  for key in ("turns_per_episode", "env_tokens_per_episode", "invalid_guesses_per_episode"):
+  for key in (
+    "rollout/turns_per_episode",
+    "rollout/env_tokens_per_episode",
+    "rollout/invalid_guesses_per_episode",
+  ):
     assert all(key in r for r in rows)
-  assert max(r["turns_per_episode"] for r in rows) > 1
-  assert all(0 <= r["heldout_accuracy"] <= 1 for r in rows if "heldout_accuracy" in r)
+  assert max(r["rollout/turns_per_episode"] for r in rows) > 1
+  assert all(0 <= r["eval/heldout_accuracy"] <= 1 for r in rows if "eval/heldout_accuracy" in r)
 
 
 def _task(tokenizer):

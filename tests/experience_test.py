@@ -61,16 +61,16 @@ def test_uninformative_groups_leave_the_loss_when_dynamic_sampling_runs_out(tmp_
   )
   summary = train(cfg, devices=jax.devices()[:1])
   rows = [json.loads(line) for line in open(summary["metrics"])]
-  assert [r["dynamic_groups_kept"] for r in rows] == [0, 0]
-  assert [r["grad_norm"] for r in rows] == [0.0, 0.0]
+  assert [r["rollout/dynamic_groups_kept"] for r in rows] == [0, 0]
+  assert [r["train/grad_norm"] for r in rows] == [0.0, 0.0]
 
 
 def test_dynamic_sampling_keeps_informative_groups(tmp_path):
   cfg = small_config(tmp_path, **{"rollout.dynamic_sampling": True, "run.steps": 2})
   summary = train(cfg, devices=jax.devices()[:1], task=OnesTask(cfg))
   for row in map(json.loads, open(summary["metrics"])):
-    kept = row["informative_group_fraction"] * cfg.rollout.prompts_per_step
-    assert row["dynamic_groups_kept"] == round(kept) > 0
+    kept = row["rollout/informative_group_fraction"] * cfg.rollout.prompts_per_step
+    assert row["rollout/dynamic_groups_kept"] == round(kept) > 0
 
 
 def test_logged_learning_rate_is_the_one_applied(tmp_path):
@@ -87,8 +87,10 @@ def test_logged_learning_rate_is_the_one_applied(tmp_path):
   )
   summary = train(cfg, devices=jax.devices()[:1])
   rows = [json.loads(line) for line in open(summary["metrics"])]
-  np.testing.assert_allclose([r["learning_rate"] for r in rows], [0, 0, 1e-3, 1e-3], rtol=1e-6)
-  np.testing.assert_allclose([r["critic_learning_rate"] for r in rows], [2e-3] * 4, rtol=1e-6)
+  np.testing.assert_allclose(
+    [r["train/learning_rate"] for r in rows], [0, 0, 1e-3, 1e-3], rtol=1e-6
+  )
+  np.testing.assert_allclose([r["train/critic_learning_rate"] for r in rows], [2e-3] * 4, rtol=1e-6)
 
 
 def test_throughput_counts_the_padded_width(tmp_path):
@@ -107,8 +109,10 @@ def test_throughput_counts_the_padded_width(tmp_path):
   summary = train(cfg, devices=jax.devices()[:1])
   B, N = cfg.batch_size, cfg.rollout.max_new_tokens
   for row in map(json.loads, open(summary["metrics"])):
-    np.testing.assert_allclose(row["tokens_per_s"] * row["step_time_s"], B * (6 + N), rtol=1e-9)
-    assert 0 < row["mfu"] <= 1
+    np.testing.assert_allclose(
+      row["perf/tokens_per_s"] * row["perf/step_time_s"], B * (6 + N), rtol=1e-9
+    )
+    assert 0 < row["perf/mfu"] <= 1
 
 
 def test_mfu_above_one_is_refused_against_a_known_peak():

@@ -69,10 +69,14 @@ def test_ppo_against_a_reward_model_from_config(tmp_path):
   rows = [json.loads(line) for line in open(summary["metrics"])]
   assert len(rows) == 2
   for row in rows:
-    assert {"reward/reward_model", "reward/exact_match", "accuracy"} <= set(row)
-    np.testing.assert_allclose(row["reward_mean"], row["reward/reward_model"], atol=1e-6)
-  assert abs(rows[0]["reward_mean"]) < 1e-5  # the first batch standardised by its own moments
-  np.testing.assert_allclose(rows[0]["reward_std"], np.sqrt(31 / 32), rtol=1e-4)
+    rewards = {"rollout/reward/reward_model", "rollout/reward/exact_match", "rollout/accuracy"}
+    assert rewards <= set(row)
+    np.testing.assert_allclose(
+      row["rollout/reward_mean"], row["rollout/reward/reward_model"], atol=1e-6
+    )
+  # The first batch is standardised by its own moments.
+  assert abs(rows[0]["rollout/reward_mean"]) < 1e-5
+  np.testing.assert_allclose(rows[0]["rollout/reward_std"], np.sqrt(31 / 32), rtol=1e-4)
   ckpt = Checkpointer(cfg)  # the run's last checkpoint, read back
   state = ckpt.read_meta(2)["reward_states"]["reward_model"]
   ckpt.close()

@@ -331,7 +331,7 @@ def test_lora_grpo_raises_the_reward(tmp_path):
        "optim.learning_rate": 1e-2},
   )  # fmt: skip
   summary = train(cfg, devices=jax.devices()[:1], task=OnesTask(cfg))
-  rewards = [json.loads(line)["reward_mean"] for line in open(summary["metrics"])]
+  rewards = [json.loads(line)["rollout/reward_mean"] for line in open(summary["metrics"])]
   assert np.mean(rewards[-5:]) > np.mean(rewards[:5]) + 0.2, rewards
 
 
@@ -356,7 +356,7 @@ def test_lora_grpo_learns_the_default_task(tmp_path):
     c.checkpoint.update(every=0)
     summary = train(from_config_dict(c), devices=jax.devices()[:1])
     rows = [json.loads(line) for line in open(summary["metrics"])]
-    best = max(r["heldout_accuracy"] for r in rows if "heldout_accuracy" in r)
+    best = max(r["eval/heldout_accuracy"] for r in rows if "eval/heldout_accuracy" in r)
     reached.append(best - summary["heldout_accuracy_before"] >= 0.15)
   assert sum(reached) >= 2, reached
 

@@ -44,10 +44,10 @@ def test_rollouts_are_at_most_off_policy_steps_old(tmp_path, ahead, staleness):
     **{"rollout.off_policy_steps": ahead, "algo.correction": "token_tis", "run.steps": 4},
   )
   rows = _rows(train(cfg, task=OnesTask(cfg)))  # rewards that vary: the params move
-  assert [r["staleness_max"] for r in rows] == staleness
-  assert [r["staleness_mean"] for r in rows] == staleness
-  stale = [r["mismatch_k3"] for r, age in zip(rows, staleness, strict=True) if age]
-  fresh = [r["mismatch_k3"] for r, age in zip(rows, staleness, strict=True) if not age]
+  assert [r["rollout/staleness_max"] for r in rows] == staleness
+  assert [r["rollout/staleness_mean"] for r in rows] == staleness
+  stale = [r["train/mismatch_k3"] for r, age in zip(rows, staleness, strict=True) if age]
+  fresh = [r["train/mismatch_k3"] for r, age in zip(rows, staleness, strict=True) if not age]
   assert max(fresh) < 1e-6
   if stale:
     assert min(stale) > 100 * max(fresh)  # older params sampled them: a measurable gap
@@ -62,7 +62,7 @@ def test_off_policy_kill_9_then_resume_equals_uninterrupted_run(tmp_path):
   assert resumed["resumed_from"] == N
   assert_bitwise_equal(params(resumed), params(ref))
   assert metric_rows(tmp_path / "killed") == metric_rows(tmp_path / "ref")
-  assert any(r["dynamic_extra_rounds"] for r in metric_rows(tmp_path / "ref"))
+  assert any(r["rollout/dynamic_extra_rounds"] for r in metric_rows(tmp_path / "ref"))
 
 
 ASYNC = ENGINE | {
@@ -91,7 +91,7 @@ def test_async_on_4_plus_4_devices_equals_sync_off_policy_on_4(tmp_path, lora):
   sync_run = train(small_config(tmp_path / "sync", **sync_settings), devices=jax.devices()[:4])
   assert_bitwise_equal(params(async_run), params(sync_run))
   rows = _rows(async_run)
-  assert [r["staleness_max"] for r in rows] == [0, 1, 1, 1]
+  assert [r["rollout/staleness_max"] for r in rows] == [0, 1, 1, 1]
   assert metric_rows(tmp_path / "async") == metric_rows(tmp_path / "sync")
 
 

@@ -213,12 +213,12 @@ def test_runs_stop_at_the_sample_budget(tmp_path):
   assert summary["steps_run"] == 3 and summary["completions_sampled"] == 96
   rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
   assert [r["step"] for r in rows] == [1, 2, 3]
-  assert sum(r["completions_sampled"] for r in rows) == 96
-  assert rows[-1]["heldout_accuracy"] == summary["heldout_accuracy_after"]  # evaluated at the end
+  assert sum(r["rollout/completions_sampled"] for r in rows) == 96
+  assert rows[-1]["eval/heldout_accuracy"] == summary["heldout_accuracy_after"]  # the last step
   record = json.loads((tmp_path / "run" / "summary.json").read_text())
   assert record["steps"] == 10 and record["steps_run"] == 3
   assert np.isfinite(summary["heldout_accuracy_after"])
-  assert isinstance(cfg, TrainConfig) and jnp.isfinite(jnp.asarray(rows[-1]["reward_mean"]))
+  assert isinstance(cfg, TrainConfig) and jnp.isfinite(jnp.asarray(rows[-1]["rollout/reward_mean"]))
 
 
 @pytest.mark.parametrize(

@@ -49,8 +49,8 @@ def test_a_trained_reward_model_ranks_held_out_pairs(tmp_path):
   assert summary["heldout_pair_accuracy_after"] >= 0.9
   rows = [json.loads(line) for line in open(summary["metrics"])]
   assert [r["step"] for r in rows] == list(range(1, 301))
-  assert [r["step"] for r in rows if "heldout_pair_accuracy" in r] == [100, 200, 300]
-  assert rows[-1]["loss"] < rows[0]["loss"]
+  assert [r["step"] for r in rows if "eval/heldout_pair_accuracy" in r] == [100, 200, 300]
+  assert rows[-1]["train/loss"] < rows[0]["train/loss"]
   # the exported Hugging Face directory scores as the trained model did
   model = load_reward_model(summary["reward_model"])
   tok = load_tokenizer(summary["reward_model"])

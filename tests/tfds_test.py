@@ -73,4 +73,4 @@ def test_trainer_reads_through_tfds(tmp_path):
   rows = [json.loads(line) for line in open(summary["metrics"])]
   assert [r["step"] for r in rows] == [1, 2]
   for r in rows:  # exact match is the only reward: the mean reward is the accuracy
-    assert r["reward_mean"] == pytest.approx(r["accuracy"], abs=1e-7)
+    assert r["rollout/reward_mean"] == pytest.approx(r["rollout/accuracy"], abs=1e-7)

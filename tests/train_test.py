@@ -182,27 +182,27 @@ def test_metrics_row_has_the_documented_keys(tmp_path):
   rows = [json.loads(line) for line in open(summary["metrics"])]
   row = rows[0]
   # The last step's periodic evaluation is the run's final one (the same policy and examples).
-  assert rows[-1]["heldout_accuracy"] == summary["heldout_accuracy_after"]
-  assert all("heldout_accuracy" in r for r in rows)
+  assert rows[-1]["eval/heldout_accuracy"] == summary["heldout_accuracy_after"]
+  assert all("eval/heldout_accuracy" in r for r in rows)
   for key in (
-    "reward_mean",
-    "reward_std",
-    "accuracy",
-    "reward/exact_match",
-    "kl_ref",
-    "entropy",
-    "clipfrac_low",
-    "clipfrac_high",
-    "approx_kl",
-    "ratio_mean",
-    "ratio_min",
-    "ratio_max",
-    "response_length_mean",
-    "response_length_max",
-    "truncation_rate",
-    "grad_norm",
-    "learning_rate",
-    "step_time_s",
+    "rollout/reward_mean",
+    "rollout/reward_std",
+    "rollout/accuracy",
+    "rollout/reward/exact_match",
+    "train/kl_ref",
+    "train/entropy",
+    "train/clipfrac_low",
+    "train/clipfrac_high",
+    "train/approx_kl",
+    "train/ratio_mean",
+    "train/ratio_min",
+    "train/ratio_max",
+    "rollout/response_length_mean",
+    "rollout/response_length_max",
+    "rollout/truncation_rate",
+    "train/grad_norm",
+    "train/learning_rate",
+    "perf/step_time_s",
     "timing/rollout_wait_s",
     "timing/generation_s",
     "timing/scoring_s",
@@ -212,21 +212,23 @@ def test_metrics_row_has_the_documented_keys(tmp_path):
     "timing/checkpoint_s",
     "timing/iteration_s",
     "timing/update_share",
-    "tokens_per_s",
-    "mfu",
-    "mismatch_k3",
-    "is_weight_mean",
-    "is_weight_max",
-    "is_masked_frac",
-    "staleness_mean",
-    "staleness_max",
-    "value_loss",
-    "vf_clipfrac",
-    "skipped_updates",
-    "heldout_accuracy",
+    "perf/tokens_per_s",
+    "perf/mfu",
+    "train/mismatch_k3",
+    "train/is_weight_mean",
+    "train/is_weight_max",
+    "train/is_masked_frac",
+    "rollout/staleness_mean",
+    "rollout/staleness_max",
+    "train/value_loss",
+    "train/vf_clipfrac",
+    "train/skipped_updates",
+    "eval/heldout_accuracy",
   ):
     assert key in row, key
-  assert 0 < row["mfu"] < 1
+  assert 0 < row["perf/mfu"] < 1
+  groups = {k.split("/", 1)[0] for k in row if k != "step"}
+  assert groups == {"rollout", "train", "eval", "perf", "timing"}, groups
   phases = ("rollout_wait", "experience", "update", "eval", "checkpoint")
   assert sum(row[f"timing/{p}_s"] for p in phases) <= row["timing/iteration_s"]
   assert row["timing/generation_s"] + row["timing/scoring_s"] <= row["timing/rollout_wait_s"]
@@ -249,7 +251,7 @@ def test_nan_updates_are_skipped_then_stop(tmp_path):
     with pytest.raises(TrainingDiverged, match="3 consecutive updates had a NaN"):
       train(cfg, devices=jax.devices()[:1])
     rows = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
-    assert [r["skipped_updates"] for r in rows] == [1, 2, 3]
+    assert [r["train/skipped_updates"] for r in rows] == [1, 2, 3]
   finally:
     del core.GROUP_ESTIMATORS["nan_test"]
 
@@ -394,10 +396,9 @@ def test_shaping_rewards_are_logged_on_their_own(tmp_path):
   )
   summary = train(cfg, devices=jax.devices()[:1])
   row = json.loads(open(summary["metrics"]).readline())
-  assert {"reward/exact_match", "reward/overlong", "reward/missing_eos", "reward/format"} <= set(
-    row
-  )
-  assert row["reward/missing_eos"] == -row["truncation_rate"]
+  names = ("exact_match", "overlong", "missing_eos", "format")
+  assert {f"rollout/reward/{name}" for name in names} <= set(row)
+  assert row["rollout/reward/missing_eos"] == -row["rollout/truncation_rate"]
 
 
 def test_kl_to_the_reference_averages_over_rows_in_the_loss(tmp_path):

@@ -52,8 +52,8 @@ def run(mode: str, steps: int, sampler: int) -> dict:
       raw[section][name] = value
     summary = train(from_config_dict(raw))
     rows = [json.loads(line) for line in open(summary["metrics"])][WARMUP:]
-  step = statistics.median(r["step_time_s"] for r in rows)
-  wait = statistics.median(r["timing/rollout_wait_s"] / r["step_time_s"] for r in rows)
+  step = statistics.median(r["perf/step_time_s"] for r in rows)
+  wait = statistics.median(r["timing/rollout_wait_s"] / r["perf/step_time_s"] for r in rows)
   return {
     "mode": mode,
     "trainer_mesh": summary["mesh"],

@@ -82,8 +82,8 @@ def bench_jax(steps: int, workdir: str):
   summary = train(config(steps, workdir))
   rows = [json.loads(line) for line in open(summary["metrics"])][WARMUP:]
   return (
-    statistics.median(r["step_time_s"] for r in rows),
-    statistics.median(r["mfu"] for r in rows),
+    statistics.median(r["perf/step_time_s"] for r in rows),
+    statistics.median(r["perf/mfu"] for r in rows),
     summary["learner"],
   )
 

@@ -174,11 +174,11 @@ def bench_jax_grpo(model_dir: Path, steps: int) -> dict:
   with tempfile.TemporaryDirectory() as tmp:
     summary = train(grpo_config(model_dir, steps, tmp))
     rows = [json.loads(line) for line in open(summary["metrics"])]
-  timed = [r["step_time_s"] for r in rows[WARMUP:]]
+  timed = [r["perf/step_time_s"] for r in rows[WARMUP:]]
   return {
     "s_per_iteration": statistics.median(timed),
     "iterations": timed,
-    "response_length_mean": [r["response_length_mean"] for r in rows],
+    "response_length_mean": [r["rollout/response_length_mean"] for r in rows],
   }
 
 

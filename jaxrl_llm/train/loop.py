@@ -28,7 +28,7 @@ from jaxrl_llm.train import evaluation, learned_reward, perf
 from jaxrl_llm.train import step as step_lib
 from jaxrl_llm.train.config import ConfigError, TrainConfig
 from jaxrl_llm.train.learner import Learner
-from jaxrl_llm.train.metrics import MetricsWriter, to_python
+from jaxrl_llm.train.metrics import MetricsWriter, grouped, to_python
 from jaxrl_llm.train.preemption import Preemption
 from jaxrl_llm.train.sft import warm_start
 from jaxrl_llm.train.task import Task
@@ -269,18 +269,18 @@ def _iteration(job: _Job, producer, step: int, n_params: int) -> tuple[dict, int
     (update_metrics, exp_metrics, opt.notfinite_count, opt.total_notfinite)
   )
   elapsed = time.perf_counter() - start
-  metrics = rollout.stats | to_python(step_lib.reduce_metrics(update_metrics))
-  metrics |= to_python(exp_metrics)
+  learned = to_python(step_lib.reduce_metrics(update_metrics)) | to_python(exp_metrics)
+  metrics = grouped("rollout", rollout.stats)
+  metrics |= grouped("train", learned | {"skipped_updates": int(skipped)})
   width = rollout.batch.prompt_BxP.shape[1]
   flops = perf.iteration_flops(n_params, cfg, width, rollout.rounds)
   metrics |= {
-    "step_time_s": elapsed,
+    "perf/step_time_s": elapsed,
+    "perf/tokens_per_s": perf.tokens_per_step(cfg, width) / elapsed,
+    "perf/mfu": job.peak.mfu(flops, elapsed),
     "timing/rollout_wait_s": waited - start,
     "timing/experience_s": experienced - waited,
     "timing/update_s": updated - experienced,
-    "tokens_per_s": perf.tokens_per_step(cfg, width) / elapsed,
-    "mfu": job.peak.mfu(flops, elapsed),
-    "skipped_updates": int(skipped),
   }
   return metrics, int(notfinite)
 
@@ -391,13 +391,13 @@ def _steps(job: _Job, producer, ckpt, writer, first: int) -> tuple:
       start = time.perf_counter()
       with jax.profiler.StepTraceAnnotation("rl_step", step_num=step + 1):
         metrics, notfinite = _iteration(job, producer, step, n_params)
-      job.summary["completions_sampled"] += metrics["completions_sampled"]  # every producer's
+      job.summary["completions_sampled"] += metrics["rollout/completions_sampled"]
       done = step + 1
       if cfg.run.eval_every and (done % cfg.run.eval_every == 0 or _budget_spent(job)):
         evaluating = time.perf_counter()
-        metrics["heldout_accuracy"] = job.evaluate()
+        metrics["eval/heldout_accuracy"] = job.evaluate()
         metrics["timing/eval_s"] = time.perf_counter() - evaluating
-        last_eval = (done, metrics["heldout_accuracy"])
+        last_eval = (done, metrics["eval/heldout_accuracy"])
       if notfinite >= cfg.optim.max_consecutive_skips:  # this row, then the error
         writer.write(done, metrics)
       _stop_if_diverged(job, step, notfinite, writer, ckpt)
@@ -405,7 +405,8 @@ def _steps(job: _Job, producer, ckpt, writer, first: int) -> tuple:
       stop = _checkpoint(job, ckpt, producer, done, preemption)
       metrics["timing/checkpoint_s"] = time.perf_counter() - saving
       writer.write(done, _with_shares(metrics, time.perf_counter() - start))
-      bar.set_postfix(reward=f"{metrics['reward_mean']:.3f}", acc=f"{metrics['accuracy']:.2f}")
+      reward, accuracy = metrics["rollout/reward_mean"], metrics["rollout/accuracy"]
+      bar.set_postfix(reward=f"{reward:.3f}", acc=f"{accuracy:.2f}")
       if profile is not None and done == profile[1]:
         profiler.stop()
       if stop or _budget_spent(job):

@@ -1,5 +1,11 @@
 """Metrics to JSONL, TensorBoard and Weights & Biases (`run.loggers`), written by process 0
-only; every logger gets the same names and values."""
+only; every logger gets the same names and values.
+
+Names are grouped by what they measure: `rollout/` (the producer's samples: rewards,
+accuracy, lengths, truncation), `train/` (the learner's experience pass and update: losses,
+KL, ratios, clip fractions, importance weights, gradient norms, learning rates), `eval/`
+(held-out evaluation), `perf/` (throughput and MFU) and `timing/` (seconds per phase and
+each phase's share of the iteration)."""
 
 import dataclasses
 import itertools
@@ -16,6 +22,16 @@ import numpy as np
 def to_python(metrics: dict) -> dict:
   """Device scalars to floats (NaN stays NaN; JSON writes it as NaN)."""
   return {k: float(np.asarray(v)) for k, v in metrics.items()}
+
+
+GROUPS = ("rollout", "train", "eval", "perf", "timing")
+
+
+def grouped(group: str, metrics: dict) -> dict:
+  """`metrics` with names under `group/`; a name already under one of GROUPS keeps it (the
+  producer's stats carry their own `timing/` entries)."""
+  assert group in GROUPS, group
+  return {k if k.split("/", 1)[0] in GROUPS else f"{group}/{k}": v for k, v in metrics.items()}
 
 
 _WRITERS = itertools.count()

@@ -44,7 +44,7 @@ from jaxrl_llm.train import checkpoint as checkpoint_lib
 from jaxrl_llm.train import state as state_lib
 from jaxrl_llm.train.config import ConfigError, TrainConfig
 from jaxrl_llm.train.learner import model_config
-from jaxrl_llm.train.metrics import MetricsWriter, to_python
+from jaxrl_llm.train.metrics import MetricsWriter, grouped, to_python
 from jaxrl_llm.train.preemption import Preemption
 from jaxrl_llm.train.task import checkpoint_tokenizer
 
@@ -341,13 +341,15 @@ def _train(cfg, trainer, pairs, state, first, ckpt, meta) -> dict:
   with Preemption(active=ckpt is not None) as preemption:
     for k in bar:
       state, metrics = trainer.step(state, pairs.train_batch(k, rows))
-      metrics = to_python(jax.device_get(metrics))
+      metrics = grouped("train", to_python(jax.device_get(metrics)))
       done = k + 1
       end = done == cfg.run.steps
       if end or (cfg.run.eval_every and done % cfg.run.eval_every == 0):
-        accuracy = metrics["heldout_pair_accuracy"] = trainer.accuracy(state.params, pairs)
+        accuracy = trainer.accuracy(state.params, pairs)
+        metrics["eval/heldout_pair_accuracy"] = accuracy
       writer.write(done, metrics)
-      bar.set_postfix(loss=f"{metrics['loss']:.3f}", acc=f"{metrics['accuracy']:.2f}")
+      loss, train_accuracy = metrics["train/loss"], metrics["train/accuracy"]
+      bar.set_postfix(loss=f"{loss:.3f}", acc=f"{train_accuracy:.2f}")
       stop = ckpt is not None and preemption.requested()
       if ckpt is not None and (done % cfg.checkpoint.every == 0 or end or stop):
         ckpt.save(done, state, meta)

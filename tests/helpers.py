@@ -139,8 +139,10 @@ def metric_rows(workdir):
   return [{k: v for k, v in r.items() if not k.startswith(TIMING)} for r in rows]
 
 
-def run_killed(cfg, mode, step, tmp_path):
-  """Runs `cfg` in a subprocess that SIGKILLs itself `after-step` or `during-save` of `step`."""
+def run_killed(cfg, mode, step, tmp_path, returncode=-signal.SIGKILL):
+  """Runs `cfg` in a subprocess that SIGKILLs itself `after-step`, `during-save` or
+  `mid-rollout` of `step` (or sends itself SIGTERM, `sigterm-mid-rollout`, and should exit
+  with `returncode` 0); see tests/fixtures/interrupted_run.py."""
   config = Path(tmp_path) / "config.json"
   config.write_text(json.dumps(config_dict(cfg)))
   proc = subprocess.run(
@@ -150,4 +152,4 @@ def run_killed(cfg, mode, step, tmp_path):
     text=True,
     timeout=240,
   )
-  assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
+  assert proc.returncode == returncode, proc.stderr[-3000:]

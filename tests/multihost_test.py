@@ -3,6 +3,7 @@ resume exactly like one process with 8 devices."""
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -31,9 +32,10 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def _config(workdir, steps=3):
+def _config(workdir, steps=3, **overrides):
   return small_config(
     workdir,
+    **overrides,
     **{
       "mesh.data": 4,
       "mesh.fsdp": 2,  # parameters sharded across the two processes too
@@ -47,8 +49,9 @@ def _config(workdir, steps=3):
   )
 
 
-def _launch(cfg, tmp_path) -> list[str]:
-  """Runs `cfg` as 2 processes; returns their logs."""
+def _launch(cfg, tmp_path, faults=("", ""), expect=(0, 0), deadline_s=DEADLINE_S) -> list[str]:
+  """Runs `cfg` as 2 processes, process i with `faults[i]` (see the fixture), each expected
+  to exit with `expect[i]` (None: any failure) within `deadline_s`; returns their logs."""
   config = tmp_path / "config.json"
   config.write_text(json.dumps(config_dict(cfg)))
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
@@ -61,7 +64,7 @@ def _launch(cfg, tmp_path) -> list[str]:
   logs = [open(tmp_path / f"process{i}.log", "w") for i in range(2)]
   procs = [
     subprocess.Popen(
-      [sys.executable, str(SCRIPT), str(config), coordinator, "2", str(i)],
+      [sys.executable, str(SCRIPT), str(config), coordinator, "2", str(i), faults[i]],
       cwd=REPO,
       env=env,
       stdout=logs[i],
@@ -71,9 +74,9 @@ def _launch(cfg, tmp_path) -> list[str]:
     for i in range(2)
   ]
   try:
-    deadline = time.monotonic() + DEADLINE_S
+    deadline = time.monotonic() + deadline_s
     while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
-      if any(p.poll() not in (None, 0) for p in procs):
+      if expect == (0, 0) and any(p.poll() not in (None, 0) for p in procs):
         break  # one failed: the other would wait for it forever
       time.sleep(0.5)
   finally:
@@ -85,7 +88,9 @@ def _launch(cfg, tmp_path) -> list[str]:
       f.close()
   logs = [(tmp_path / f"process{i}.log").read_text() for i in range(2)]
   for i, (p, log) in enumerate(zip(procs, logs, strict=True)):
-    assert p.returncode == 0, f"process {i} exited {p.returncode}:\n{log[-4000:]}"
+    code = p.returncode
+    ok = code not in (0, -signal.SIGKILL) if expect[i] is None else code == expect[i]
+    assert ok, f"process {i} exited {p.returncode}:\n{log[-4000:]}"
     assert f"process {i} of 2: 4 local devices, 8 in all" in log
   return logs
 
@@ -151,3 +156,53 @@ def test_async_sampler_mesh_spanning_two_processes(tmp_path):
     for key in m:
       if m[key] is not None and s[key] is not None:
         np.testing.assert_allclose(m[key], s[key], rtol=1e-4, atol=1e-5, err_msg=key)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", ["after-step:2", "after-save:2"])
+def test_a_dead_peer_ends_the_survivor_naming_it_and_both_resume(tmp_path, fault, uninterrupted):
+  """kill -9 of process 1 between two steps, or while its checkpoint is being written:
+  process 0 exits with PeerWatch.EXIT_CODE within its launch's deadline (it would otherwise
+  wait in a collective or the save's barrier), naming the lost process and the checkpoint to
+  resume from; restarting both resumes to the parameters and metrics of an uninterrupted
+  run, bitwise (the checkpoints' fingerprints of every leaf)."""
+  from jaxrl_llm.train.distributed import PeerWatch
+
+  cfg = _config(tmp_path / "faulty", steps=4, **{"distributed.peer_timeout_s": 10.0})
+  expect = (PeerWatch.EXIT_CODE, -signal.SIGKILL)
+  logs = _launch(cfg, tmp_path, ("", fault), expect, deadline_s=DEADLINE_S + 30)
+  assert "process 1 of 2 stopped answering for over 10 s" in logs[0], logs[0][-3000:]
+  newest = int(re.search(r"the newest finished checkpoint is step (\d+)", logs[0])[1])
+  assert 1 <= newest <= 2
+  _resumes_as_uninterrupted(cfg, newest, tmp_path, uninterrupted)
+
+
+@pytest.mark.slow
+def test_a_dead_coordinator_ends_the_survivor_and_both_resume(tmp_path, uninterrupted):
+  """kill -9 of process 0, which hosts the coordination service, inside step 2's save: JAX
+  itself ends process 1 at once (the service is gone), and both resume bitwise."""
+  cfg = _config(tmp_path / "faulty", steps=4, **{"distributed.peer_timeout_s": 10.0})
+  faults = ("during-save:2", "during-save:2")  # only process 0 renames a finished save
+  logs = _launch(cfg, tmp_path, faults, (-signal.SIGKILL, None), deadline_s=DEADLINE_S + 30)
+  assert "JAX distributed service detected fatal errors" in logs[1], logs[1][-3000:]
+  _resumes_as_uninterrupted(cfg, 1, tmp_path, uninterrupted)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+  """The dead-peer tests' run (2 processes, 4 steps), left alone."""
+  tmp_path = tmp_path_factory.mktemp("uninterrupted")
+  cfg = _config(tmp_path / "reference", steps=4, **{"distributed.peer_timeout_s": 10.0})
+  _launch(cfg, tmp_path)
+  return cfg
+
+
+def _resumes_as_uninterrupted(cfg, newest: int, tmp_path, reference) -> None:
+  """Both processes restarted resume from step `newest` and end as `reference` did."""
+  from jaxrl_llm.train.checkpoint import Checkpointer
+
+  logs = _launch(cfg, tmp_path)
+  assert all(f"resuming from step {newest}" in log for log in logs)
+  read = lambda c: Checkpointer(c, read_only=True).read_meta(4)["fingerprint"]  # noqa: E731
+  assert read(cfg) == read(reference)
+  assert _rows(cfg.run.workdir) == _rows(reference.run.workdir)

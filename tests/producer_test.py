@@ -130,6 +130,27 @@ def test_kill_9_mid_rollout_then_resume_equals_uninterrupted_run(tmp_path, mode)
   assert metric_rows(tmp_path / "killed") == metric_rows(tmp_path / "ref")
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["off_policy", "async"])
+def test_sigterm_mid_rollout_saves_the_rollouts_in_flight_and_exits_0(tmp_path, mode):
+  """A preemption notice while a rollout is on the devices (no periodic checkpoints): the
+  run saves after its step, rollouts in flight included, and exits 0; the re-run resumes
+  from that save to the uninterrupted run's params and metrics."""
+  from jaxrl_llm.train.checkpoint import Checkpointer
+
+  settings = MODES[mode] | {"run.steps": 3 * N, "checkpoint.every": 100}
+  ref = train(small_config(tmp_path / "ref", **settings))
+  cfg = small_config(tmp_path / "stopped", **settings)
+  run_killed(cfg, "sigterm-mid-rollout", N, tmp_path, returncode=0)
+  (saved,) = [s for s in Checkpointer(cfg, read_only=True).steps() if s]
+  assert N <= saved < 3 * N
+  assert len(metric_rows(tmp_path / "stopped")) == saved
+  resumed = train(cfg)
+  assert resumed["resumed_from"] == saved
+  assert_bitwise_equal(params(resumed), params(ref))
+  assert metric_rows(tmp_path / "stopped") == metric_rows(tmp_path / "ref")
+
+
 @pytest.mark.parametrize(
   "overrides,message",
   [

@@ -162,23 +162,50 @@ class _Boom:
 def test_score_combines_weighted_functions():
   fns = {"exact": (exact_match, 1.0), "eos": (missing_eos_penalty(-1.0), 0.5)}
   examples = [{"answer": "3", "truncated": False}, {"answer": "4", "truncated": True}]
-  total, parts = score(fns, ["#### 3", "#### 4"], examples)
+  total, parts, failed = score(fns, ["#### 3", "#### 4"], examples)
   np.testing.assert_allclose(total, [1.0, 0.5])
   np.testing.assert_allclose(parts["eos"], [0.0, -1.0])
+  assert not failed.any()
 
 
 @pytest.mark.parametrize(
   "fn,message",
   [
-    (_Boom(), r"reward function 'r' \(boom\) raised KeyError\('answer'\).*first example"),
-    (lambda c, e: [1.0], r"'r' returned shape \(1,\); it must return one float per completion"),
-    (lambda c, e: [1.0, float("nan")], r"'r' returned nan for completion 1 \('b'\) of example"),
+    (_Boom(), r"'r' \(boom\) raised KeyError\('answer'\); it fails on completion 0 \('a'\)"),
+    (
+      lambda c, e: [1.0],
+      r"'r' \(<lambda>\) returned shape \(1,\); it must return one float per completion",
+    ),
+    (
+      lambda c, e: [1.0, float("nan")],
+      r"'r' \(<lambda>\) returned nan for completion 1 \('b'\) of example",
+    ),
     (lambda c, e: [1.0, float("inf")], r"returned inf for completion 1"),
   ],
 )
 def test_bad_reward_functions_are_named(fn, message):
   with pytest.raises(RewardError, match=message):
     score({"r": (fn, 1.0)}, ["a", "b"], [{"i": 0}, {"i": 1}])
+
+
+def _fails_on_b(completions, examples):
+  if "b" in completions:
+    raise ValueError("cannot parse 'b'")
+  return [float(c == "a") for c in completions]
+
+
+def test_a_raising_reward_names_the_first_completion_it_fails_on():
+  with pytest.raises(RewardError, match=r"it fails on completion 1 \('b'\) of example \{'i': 1\}"):
+    score({"r": (_fails_on_b, 1.0)}, ["a", "b", "b"], [{"i": i} for i in range(3)])
+
+
+def test_on_error_zero_keeps_the_other_scores_and_marks_the_failed():
+  fns = {"r": (_fails_on_b, 1.0), "nan": (lambda c, e: [1.0, float("nan"), 2.0], 0.5)}
+  total, parts, failed = score(fns, ["a", "b", "c"], [{}] * 3, timeout_s=10, on_error="zero")
+  np.testing.assert_array_equal(parts["r"], [1.0, 0.0, 0.0])  # "b" raised; "c" scored 0
+  np.testing.assert_array_equal(parts["nan"], [1.0, 0.0, 2.0])
+  np.testing.assert_array_equal(failed, [False, True, False])
+  np.testing.assert_allclose(total, [1.5, 0.0, 1.0])
 
 
 def test_reward_model_as_reward_function():
@@ -206,5 +233,5 @@ def test_reward_model_as_reward_function():
   batch = left_pad([tok.encode("1+2=" + c) for c in completions], 12, tok.pad_id)
   want = model(jnp.asarray(batch.tokens_BxP), mask_BxL=jnp.asarray(batch.mask_BxP))
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
-  total, parts = score({"rm": (fn, 0.5)}, completions, examples)
+  total, parts, _ = score({"rm": (fn, 0.5)}, completions, examples)
   np.testing.assert_allclose(total, 0.5 * got, rtol=1e-6)

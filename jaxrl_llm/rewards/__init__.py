@@ -1,6 +1,6 @@
 """Reward functions: host-side Python on decoded completions."""
 
-from jaxrl_llm.rewards.base import RewardError, RewardFn, score
+from jaxrl_llm.rewards.base import RewardError, RewardFn, Scored, score
 from jaxrl_llm.rewards.countdown import countdown_reward, evaluate_expression
 from jaxrl_llm.rewards.length import missing_eos_penalty, overlong_penalty
 from jaxrl_llm.rewards.math import (
@@ -23,6 +23,7 @@ __all__ = [
   "RewardError",
   "answer_match",
   "RewardFn",
+  "Scored",
   "canonical_number",
   "countdown_reward",
   "evaluate_expression",

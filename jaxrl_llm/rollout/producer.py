@@ -105,8 +105,11 @@ def scored(learner, task, local, out, cfg) -> Scores:
     for e, n, t in zip(grouped, lengths, truncated, strict=True)
   ]
   completions = task.decode(tokens, mask)
-  total, parts = score(task.reward_fns, completions, rows)
-  all_total, lengths, truncated = (hosts.gather(x) for x in (total, lengths, truncated))
+  r = cfg.rewards
+  total, parts, failed = score(task.reward_fns, completions, rows, r.timeout_s, r.on_error)
+  all_total, lengths, truncated, failed = (
+    hosts.gather(x) for x in (total, lengths, truncated, failed)
+  )
   parts = {k: hosts.gather(v) for k, v in parts.items()}
   first = parts[next(iter(task.reward_fns))]  # the first reward function decides correctness
   correct = first >= 1.0  # full credit
@@ -120,6 +123,8 @@ def scored(learner, task, local, out, cfg) -> Scores:
     "response_length_correct": _mean_or_none(lengths[correct]),
     "response_length_wrong": _mean_or_none(lengths[~correct]),
     "truncation_rate": float(truncated.mean()),
+    # completions a failing reward function scored 0 (config.rewards.on_error='zero')
+    "reward_failures": int(failed.sum()),
   }
   stats |= {f"reward/{k}": float(v.mean()) for k, v in parts.items()}
   return Scores(total, all_total, np.asarray(first, np.float32), stats)

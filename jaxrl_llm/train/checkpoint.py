@@ -27,6 +27,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from jaxrl_llm.models import hosts
+from jaxrl_llm.train import distributed
 from jaxrl_llm.train.config import ConfigError, TrainConfig
 
 log = logging.getLogger(__name__)
@@ -42,6 +43,7 @@ RESUMABLE = (
   "run.eval_batch_size",
   "run.eval_every",
   "run.peak_flops_per_device",
+  "rewards.timeout_s",  # a deadline, not the scores (on_error changes them, so it must match)
   "run.workdir",
   "mesh.data",
   "mesh.fsdp",
@@ -106,6 +108,20 @@ class CorruptCheckpoint(RuntimeError):
   """A step that cannot be read back as it was written."""
 
 
+class CheckpointWriteError(RuntimeError):
+  """A checkpoint could not be written (no space left, no permission); the steps before it
+  are intact and the run resumes from the newest of them."""
+
+
+def _os_error(e: BaseException) -> OSError | None:
+  """The OSError behind `e` (itself, or in its chain of causes), if any."""
+  while e is not None:
+    if isinstance(e, OSError):
+      return e
+    e = e.__cause__ or e.__context__
+  return None
+
+
 class Checkpointer:
   """Saves and restores a run's state under `directory` (local or gs://). `read_only`: for
   readers beside a run (evaluation), which neither write, clean up nor set aside anything."""
@@ -125,13 +141,18 @@ class Checkpointer:
       read_only=read_only,
     )
     self.manager = ocp.CheckpointManager(self.directory, options=options)
+    self._pending = None  # (step, bytes) of the save in flight
+    if not read_only:
+      distributed.note_checkpoints(self.directory)
 
   def steps(self) -> list[int]:
     return sorted(self.manager.all_steps())
 
   def save(self, step: int, state, meta: dict) -> None:
     """Starts writing step `step`; returns once the arrays are copied off the devices
-    (with async saves the files are written in the background)."""
+    (with async saves the files are written in the background). Raises
+    CheckpointWriteError when this save, or the one before it, fails to write."""
+    self._finish_pending()
     meta = meta | {
       "step": step,
       "config": self.config,
@@ -139,14 +160,63 @@ class Checkpointer:
       "fingerprint": [int(v) for v in jax.device_get(fingerprint(state))],
       "saved_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
-    self.manager.save(
-      step,
-      args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),
-      force=True,
-    )
+    self._pending = (step, sum(x.nbytes for x in jax.tree.leaves(state) if hasattr(x, "nbytes")))
+    try:
+      self.manager.save(
+        step,
+        args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),
+        force=True,
+      )
+    except Exception as e:  # noqa: BLE001 - reported with the directory and the size
+      raise self._write_error(e) from e
 
   def wait(self) -> None:
-    self.manager.wait_until_finished()
+    """Waits for the save in flight; raises CheckpointWriteError if it failed."""
+    self._finish_pending()
+
+  def _finish_pending(self) -> None:
+    try:
+      self.manager.wait_until_finished()
+    except Exception as e:  # noqa: BLE001
+      if self._pending is None:
+        raise
+      raise self._write_error(e) from e
+    if self._pending is not None:
+      self.manager.reload()  # the steps on disk, not the manager's cached list
+    if self._pending is not None and self._pending[0] not in self.manager.all_steps():
+      raise self._write_error(RuntimeError("the save ended without the step on disk"))
+    self._pending = None
+
+  def _write_error(self, e: BaseException) -> CheckpointWriteError:
+    step, nbytes = self._pending
+    self._pending = None
+    os_error = _os_error(e)
+    reason = f"{os_error.strerror or os_error} (errno {os_error.errno})" if os_error else repr(e)
+    kept = [s for s in self.manager.all_steps() if s != step]
+    intact = (
+      f"the newest complete checkpoint, step {max(kept)}, is intact: free the space or fix "
+      f"the permissions there (or set config.checkpoint.directory), then re-run the same "
+      f"command to resume from it"
+      if kept
+      else "no earlier checkpoint exists"
+    )
+    return CheckpointWriteError(
+      f"checkpoint step {step} could not be written to {self.directory}: {reason}. It "
+      f"needs about {nbytes / 2**20:.1f} MiB ({nbytes} bytes) of arrays plus small metadata; "
+      f"{intact}."
+    )
+
+  def abandon(self) -> None:
+    """For a run stopping on an error: lets the save in flight finish (a failure of it is
+    logged, not raised, so the run's own error is the one reported) and closes."""
+    try:
+      self._finish_pending()
+    except Exception as e:  # noqa: BLE001
+      log.error("%s", e)
+    try:
+      self.manager.close()
+    except Exception as e:  # noqa: BLE001
+      log.error("closing the checkpoint manager of %s: %r", self.directory, e)
 
   def close(self) -> None:
     self.manager.close()

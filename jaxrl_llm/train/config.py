@@ -198,6 +198,13 @@ class RewardsSection:
   model_batch_size: int = at_least(64, 1)  # texts per reward-model pass (divisible by data x fsdp)
   model_max_length: int = at_least(512, 1)  # tokens it scores; longer texts keep their last
   model_normalize: bool = False  # standardise r by the running mean and std of all its scores
+  # Each reward function's deadline per batch, in seconds (0: none); one that has not returned
+  # by then fails the step (it is left running in the background), as one that raises does.
+  timeout_s: float = at_least(300.0, 0)
+  # "raise": a reward function that raises, hangs, or returns NaN/inf stops the run with an
+  # error naming it and the completion; "zero": those completions score 0 from it, counted
+  # in rollout/reward_failures, and the run goes on.
+  on_error: str = "raise"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -424,6 +431,9 @@ class DistributedSection:
   num_processes: int = at_least(0, 0)  # with coordinator_address: the processes in all
   process_id: int = at_least(-1, -1)  # with coordinator_address: this process's index
   local_device_ids: tuple = ()  # the devices this process uses (GPU clusters); (): all
+  # A process that hears nothing from another for this long exits (code 75) naming it and
+  # the checkpoint to resume from, rather than wait in a collective forever.
+  peer_timeout_s: float = at_least(60.0, 1)
 
 
 @dataclasses.dataclass(frozen=True)

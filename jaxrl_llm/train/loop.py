@@ -316,13 +316,10 @@ def _with_shares(metrics: dict, iteration: float) -> dict:
   return metrics | shares | {"timing/iteration_s": iteration}
 
 
-def _stop_if_diverged(job: _Job, step: int, notfinite: int, writer, ckpt) -> None:
+def _stop_if_diverged(job: _Job, step: int, notfinite: int, writer) -> None:
   cfg = job.cfg
   if notfinite < cfg.optim.max_consecutive_skips:
     return
-  writer.close()
-  if ckpt is not None:
-    ckpt.close()
   raise TrainingDiverged(
     f"step {step + 1}: {notfinite} consecutive updates had a NaN or Inf loss or "
     f"gradient and were skipped (config.optim.max_consecutive_skips="
@@ -400,7 +397,7 @@ def _steps(job: _Job, producer, ckpt, writer, first: int) -> tuple:
         last_eval = (done, metrics["eval/heldout_accuracy"])
       if notfinite >= cfg.optim.max_consecutive_skips:  # this row, then the error
         writer.write(done, metrics)
-      _stop_if_diverged(job, step, notfinite, writer, ckpt)
+      _stop_if_diverged(job, step, notfinite, writer)
       saving = time.perf_counter()
       stop = _checkpoint(job, ckpt, producer, done, preemption)
       metrics["timing/checkpoint_s"] = time.perf_counter() - saving
@@ -471,5 +468,13 @@ def train(cfg: TrainConfig, devices=None, task: Task | None = None) -> dict:
   elif ckpt is not None:  # the warm-started policy: a resumed run never repeats the warm start
     ckpt.save(0, job.learner.saved(job.learner.state), _meta(job, producer))
   writer = MetricsWriter.for_run(cfg, first)
-  last_eval, done = _steps(job, producer, ckpt, writer, first)
+  try:
+    last_eval, done = _steps(job, producer, ckpt, writer, first)
+  except BaseException:
+    # A step that fails (a reward function, a NaN run, a fault) saves nothing of itself; the
+    # saves already started are completed, so the newest of them stays the one to resume.
+    writer.close()
+    if ckpt is not None:
+      ckpt.abandon()
+    raise
   return _finish(job, writer, ckpt, last_eval, done)

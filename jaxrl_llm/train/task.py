@@ -10,7 +10,13 @@ from jaxrl_llm.data import TASKS, bucket_length, left_pad
 from jaxrl_llm.data.tfds_builders import TfdsSource, gsm8k_local_builder, synthetic_builder
 from jaxrl_llm.envs import environment
 from jaxrl_llm.models import CharTokenizer, load_tokenizer
-from jaxrl_llm.rewards import REWARDS, format_reward, missing_eos_penalty, overlong_penalty
+from jaxrl_llm.rewards import (
+  REWARDS,
+  format_reward,
+  missing_eos_penalty,
+  overlong_penalty,
+  score,
+)
 from jaxrl_llm.train.config import ConfigError, TrainConfig
 from jaxrl_llm.train.step import Batch
 
@@ -133,6 +139,7 @@ class Task:
     )
     self.instruction, self.system_prompt = t.instruction, t.system_prompt
     self.filter_overlong = t.filter_overlong_prompts
+    self.reward_timeout_s, self.on_reward_error = cfg.rewards.timeout_s, cfg.rewards.on_error
 
   def draw(self, split: str, n: int, seed: int, key: str) -> list[dict]:
     """`n` examples of `split`; when the source holds fewer, the error names `config.<key>`."""
@@ -184,8 +191,12 @@ class Task:
         self.reward_fns[name][0].restore(state)
 
   def correct(self, completions, examples) -> list[float]:
-    fn, _ = next(iter(self.reward_fns.values()))
-    return list(fn(completions, examples))
+    """The first reward function's scores (it decides correctness), under the same deadline
+    and error policy as the rollouts' (`rewards.timeout_s`, `rewards.on_error`)."""
+    name = next(iter(self.reward_fns))
+    first = {name: self.reward_fns[name]}
+    scored = score(first, completions, examples, self.reward_timeout_s, self.on_reward_error)
+    return [float(v) for v in scored.parts[name]]
 
   def render(self, example) -> str:
     """The prompt text the model sees: the prompt, or `task.instruction` filled in with the

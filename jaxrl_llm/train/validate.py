@@ -17,6 +17,7 @@ from jaxrl_llm import core
 from jaxrl_llm.core.correction import check_hparams
 from jaxrl_llm.models.config import REMAT_POLICIES
 from jaxrl_llm.models.lora import QUANT_TYPES, resolve_targets
+from jaxrl_llm.rewards.base import ON_ERROR
 from jaxrl_llm.train.config import ConfigError, TrainConfig, build, unknown_key, value_range
 
 LOGGERS = ("jsonl", "tensorboard", "wandb")
@@ -265,6 +266,11 @@ def _correction(cfg: TrainConfig) -> None:
 
 def _rollout(cfg: TrainConfig) -> None:
   r = cfg.rollout
+  _check(
+    cfg.rewards.on_error in ON_ERROR,
+    f"config.rewards.on_error={cfg.rewards.on_error!r}; use 'raise' (stop, naming the reward "
+    "function and the completion) or 'zero' (score those completions 0 and count them).",
+  )
   _check(r.mode in ("sync", "async"), f"config.rollout.mode={r.mode!r}; use 'sync' or 'async'.")
   _check(
     r.sampler in ("engine", "static"),

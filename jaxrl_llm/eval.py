@@ -53,16 +53,20 @@ FLAGS = flags.FLAGS
 
 
 def run_config(run: Path) -> TrainConfig:
-  """The config a run saved in its newest checkpoint, pointed at `run`."""
-  steps = [p.name for p in (run / "checkpoints").glob("[0-9]*")] if run.is_dir() else []
+  """The config a run saved in its newest checkpoint, pointed at `run`. Read as the JSON
+  file it is: nothing may touch JAX before `distributed.initialize`."""
+  directory = run / "checkpoints"
+  steps = sorted(int(p.name) for p in directory.glob("[0-9]*") if p.name.isdigit())
   if not steps:
     raise ConfigError(
-      f"--run {run}: no checkpoints under {run / 'checkpoints'}; give the run.workdir of a "
+      f"--run {run}: no checkpoints under {directory}; give the run.workdir of a "
       "run with config.checkpoint.every > 0, or a model directory as --config.model.path."
     )
-  probe = Checkpointer(from_config_dict({"run": {"workdir": str(run)}}), read_only=True)
-  steps = probe.steps()
-  saved = probe.read_meta(steps[-1])["config"]
+  meta = directory / str(steps[-1]) / "meta" / "metadata"
+  try:
+    saved = json.loads(meta.read_text())["config"]
+  except (OSError, ValueError, KeyError) as e:
+    raise ConfigError(f"--run {run}: cannot read the config saved in {meta}: {e!r}") from None
   saved["run"]["workdir"] = str(run)
   if "://" not in saved["checkpoint"]["directory"]:
     saved["checkpoint"]["directory"] = ""  # <run>/checkpoints, wherever the run now lives

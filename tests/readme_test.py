@@ -246,3 +246,15 @@ def test_dataset_example_trains_on_the_users_file_and_reward(capsys):
   assert abs(result.summary["pass@2"] - sum(shares) / len(shares)) < 1e-12
   printed = capsys.readouterr().out.split()
   assert printed[-2:] == [str(summary["heldout_accuracy_after"]), str(result.summary["pass@2"])]
+
+
+def test_eval_on_the_default_run_is_its_committed_result():
+  """docs/evaluation.md's figures are the committed comparison's, which found the evaluation
+  command equal to the run's own held-out accuracy."""
+  r = json.loads((REPO / "experiments/results/eval_default_run/results.json").read_text())
+  assert r["equal"] and r["eval"]["accuracy"] == r["training_run"]["heldout_accuracy_after"]
+  right = round(r["eval"]["accuracy"] * r["eval"]["examples"])
+  text = " ".join((DOCS / "evaluation.md").read_text().split())
+  assert f"held-out accuracy {r['eval']['accuracy']:.4f} after RL" in text
+  assert f"{right} of {r['eval']['examples']} problems right" in text
+  assert r["machine"].split(",")[0] in text

@@ -258,3 +258,16 @@ def test_eval_on_the_default_run_is_its_committed_result():
   assert f"held-out accuracy {r['eval']['accuracy']:.4f} after RL" in text
   assert f"{right} of {r['eval']['examples']} problems right" in text
   assert r["machine"].split(",")[0] in text
+
+
+def test_soak_figures_are_its_committed_result():
+  """The README's and docs' soak figures are experiments/results/soak.json's."""
+  r = json.loads((REPO / "experiments/results/soak.json").read_text())
+  kills = sum(f["signal"] == "SIGKILL" for f in r["faults"])
+  n = len(r["faults"])
+  assert r["faults_survived"] == n and all(r["equal_to_uninterrupted"].values())
+  assert all(f["as_expected"] for f in r["faults"])
+  for page in (README, DOCS / "checkpoints.md"):
+    text = " ".join(page.read_text().split())
+    assert f"{n} faults survived" in text or f"survived all {n} faults" in text, page
+    assert f"{kills} SIGKILL, {n - kills} SIGTERM" in text, page

@@ -87,6 +87,25 @@ def test_eval_of_a_checkpoint_reproduces_the_runs_held_out_accuracy(trained, tmp
   assert first["accuracy"] == summary["heldout_accuracy_before"]
 
 
+def test_eval_of_a_lora_checkpoint_applies_its_adapters(tmp_path):
+  """A LoRA run's checkpoint holds its adapters and the base's fingerprint: the command
+  rebuilds the base, applies the adapters and gives the run's own held-out accuracy."""
+  cfg = small_config(
+    tmp_path,
+    **{
+      "lora.rank": 4, "task.digits": 1, "task.train_examples": 64, "warmstart.steps": 60,
+      "warmstart.examples": 64, "warmstart.learning_rate": 1e-2, "checkpoint.every": 1,
+      "run.steps": 2, "run.eval_examples": 16, "run.eval_batch_size": 8,
+    },
+  )  # fmt: skip
+  summary = train(cfg)
+  after = summary["heldout_accuracy_after"]
+  assert 0 < after < 1, after  # a figure that can disagree
+  proc = _eval("--run", cfg.run.workdir, "--out", str(tmp_path / "eval"))
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert json.loads((tmp_path / "eval" / "summary.json").read_text())["accuracy"] == after
+
+
 def test_eval_with_samples_reports_pass_at_k(trained, tmp_path):
   cfg, _ = trained
   flags = ("--run", cfg.run.workdir, "--samples", "4", "--k", "2", "--out", str(tmp_path))

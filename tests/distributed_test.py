@@ -37,9 +37,9 @@ def test_a_lone_process_does_not_initialise(calls):
 def test_explicit_settings_are_passed_through(calls):
   d = DistributedSection("10.0.0.1:1234", num_processes=4, process_id=2, local_device_ids=(0, 1))
   assert distributed.initialize(d) is True
-  assert calls == [
-    (("10.0.0.1:1234",), {"num_processes": 4, "process_id": 2, "local_device_ids": [0, 1]})
-  ]
+  # JAX's own heartbeat backs up the peer watch at twice its timeout (at least 100 s)
+  kwargs = {"num_processes": 4, "process_id": 2, "local_device_ids": [0, 1]}
+  assert calls == [(("10.0.0.1:1234",), kwargs | {"heartbeat_timeout_seconds": 120})]
 
 
 @pytest.mark.parametrize(
@@ -54,7 +54,7 @@ def test_a_detected_cluster_lets_jax_find_the_settings(calls, monkeypatch, env):
   for name, value in env.items():
     monkeypatch.setenv(name, value)
   assert distributed.initialize() is True
-  assert calls == [((), {})]
+  assert calls == [((), {"heartbeat_timeout_seconds": 120})]
 
 
 def test_one_slurm_task_is_a_lone_process(calls, monkeypatch):

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from experiments.lib import provenance
 from experiments.lib import runs as launch
+from jaxrl_llm.train.checkpoint import finished_steps
 
 OUT = Path(__file__).resolve().parent / "results" / "soak.json"
 SETTINGS = {  # the default run, with its rollouts sampled on 4 devices of their own
@@ -50,14 +51,6 @@ def rows(workdir: Path) -> list[dict]:
     {k: v for k, v in json.loads(x).items() if not k.startswith(("perf/", "timing/"))}
     for x in lines
   ]
-
-
-def checkpoints(workdir: Path) -> list[int]:
-  """The finished checkpoint steps (their directories are named by the step)."""
-  directory = workdir / "checkpoints"
-  if not directory.exists():
-    return []
-  return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit())
 
 
 def fingerprint(workdir: Path, step: int) -> list[int]:
@@ -119,7 +112,7 @@ def main() -> None:
     fault = {
       "signal": signal.Signals(signum).name, "after_s": round(delay, 1), "exit_code": code,
       "as_expected": code in EXIT_CODES[signum], "metrics_rows": done,
-      "checkpoints": checkpoints(faulted)[-1:],
+      "checkpoints": finished_steps(faulted / "checkpoints")[-1:],
     }  # fmt: skip
     faults.append(fault)
     print(f"fault {len(faults)}: {fault}", flush=True)

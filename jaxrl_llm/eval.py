@@ -29,7 +29,7 @@ from ml_collections import config_flags
 from jaxrl_llm.models.sharding import make_mesh
 from jaxrl_llm.rollout import episodes as episodes_lib
 from jaxrl_llm.train import distributed, evaluation
-from jaxrl_llm.train.checkpoint import Checkpointer, CorruptCheckpoint
+from jaxrl_llm.train.checkpoint import Checkpointer, CorruptCheckpoint, finished_steps
 from jaxrl_llm.train.config import ConfigError, TrainConfig
 from jaxrl_llm.train.learner import Learner
 from jaxrl_llm.train.task import Task
@@ -56,7 +56,7 @@ def run_config(run: Path) -> TrainConfig:
   """The config a run saved in its newest checkpoint, pointed at `run`. Read as the JSON
   file it is: nothing may touch JAX before `distributed.initialize`."""
   directory = run / "checkpoints"
-  steps = sorted(int(p.name) for p in directory.glob("[0-9]*") if p.name.isdigit())
+  steps = finished_steps(directory)
   if not steps:
     raise ConfigError(
       f"--run {run}: no checkpoints under {directory}; give the run.workdir of a "

@@ -13,10 +13,9 @@ record's other columns reach the reward functions unchanged.
 """
 
 import json
-import zlib
 from pathlib import Path
 
-from jaxrl_llm.data.files import dataset_splits, draw, is_chat, read_records
+from jaxrl_llm.data.files import dataset_splits, draw, hash_split, is_chat, read_records
 
 ANSWER_KEYS = ("reward_model.ground_truth", "solution", "answer", "ground_truth")
 
@@ -92,13 +91,8 @@ class DatasetFile:
         "test": load(test_path) if test_path else load(path, "test"),
       }
     else:
-      records = load(path)
       key = lambda r: json.dumps(r["prompt"], sort_keys=True).encode()
-      held = lambda r: zlib.crc32(key(r)) % 10_000 < test_fraction * 10_000
-      self._splits = {
-        "train": [r for r in records if not held(r)],
-        "test": [r for r in records if held(r)],
-      }
+      self._splits = hash_split(load(path), key, test_fraction)
 
   @property
   def alphabet(self) -> str:

@@ -2,6 +2,7 @@
 (`Dataset.save_to_disk`), read without the `datasets` library."""
 
 import json
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -78,6 +79,13 @@ def is_chat(value, key: str, where: str) -> bool:
       f"({{'role': ..., 'content': ...}}); got {type(value).__name__}."
     )
   return True
+
+
+def hash_split(records: list, key, test_fraction: float) -> dict[str, list]:
+  """{"train", "test"}: the records whose `key(record)` (bytes) a stable hash puts in
+  `test_fraction` are the test split, so a record's split never depends on the others."""
+  held = lambda r: zlib.crc32(key(r)) % 10_000 < test_fraction * 10_000
+  return {"train": [r for r in records if not held(r)], "test": [r for r in records if held(r)]}
 
 
 def draw(pool: list, split: str, n: int, seed: int) -> list:

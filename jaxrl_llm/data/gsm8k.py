@@ -5,11 +5,10 @@ ends in `#### <number>` (the format of openai/gsm8k). TFDS's own `gsm8k` builder
 gives the same fields to users with network: `tfds.load("gsm8k")`.
 """
 
-import zlib
 from pathlib import Path
 
 from jaxrl_llm.common.answers import extract_answer
-from jaxrl_llm.data.files import draw, read_records
+from jaxrl_llm.data.files import draw, hash_split, read_records
 
 PROMPT = "Question: {question}\nAnswer:"
 
@@ -59,11 +58,7 @@ class GSM8KFile:
     if test_path:
       self._splits = {"train": records, "test": load_gsm8k_file(test_path)}
     else:
-      bucket = lambda r: zlib.crc32(r["question"].encode()) % 10_000 < test_fraction * 10_000
-      self._splits = {
-        "train": [r for r in records if not bucket(r)],
-        "test": [r for r in records if bucket(r)],
-      }
+      self._splits = hash_split(records, lambda r: r["question"].encode(), test_fraction)
 
   @property
   def alphabet(self) -> str:

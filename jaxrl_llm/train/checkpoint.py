@@ -53,7 +53,7 @@ RESUMABLE_SECTIONS = ("checkpoint", "distributed")
 
 
 def config_dict(cfg: TrainConfig) -> dict:
-  """The config as plain JSON values (tuples become lists), for the checkpoint."""
+  """The config as plain JSON values (tuples become lists), for the checkpoint and wandb."""
   return json.loads(json.dumps(dataclasses.asdict(cfg)))
 
 
@@ -106,6 +106,16 @@ class Restored:
 
 class CorruptCheckpoint(RuntimeError):
   """A step that cannot be read back as it was written."""
+
+
+def finished_steps(directory) -> list[int]:
+  """The steps whose checkpoints finished in `directory`, read from the file system alone
+  (no JAX): Orbax names a finished step's directory by its number, an unfinished one not."""
+  directory = epath.Path(directory)
+  try:
+    return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit())
+  except OSError:  # no such directory yet
+    return []
 
 
 class CheckpointWriteError(RuntimeError):
@@ -183,8 +193,8 @@ class Checkpointer:
       raise self._write_error(e) from e
     if self._pending is not None:
       self.manager.reload()  # the steps on disk, not the manager's cached list
-    if self._pending is not None and self._pending[0] not in self.manager.all_steps():
-      raise self._write_error(RuntimeError("the save ended without the step on disk"))
+      if self._pending[0] not in self.manager.all_steps():
+        raise self._write_error(RuntimeError("the save ended without the step on disk"))
     self._pending = None
 
   def _write_error(self, e: BaseException) -> CheckpointWriteError:

@@ -14,7 +14,6 @@ import threading
 import time
 
 import jax
-from etils import epath
 
 from jaxrl_llm.train.config import DistributedSection
 
@@ -87,11 +86,10 @@ def newest_checkpoint() -> str:
   """The newest finished checkpoint step and its directory, in words."""
   if not _checkpoints:
     return "the run had no checkpoint directory yet"
-  directory = epath.Path(_checkpoints[0])
-  try:  # finished steps are directories named by their number; unfinished ones are not
-    steps = sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit())
-  except OSError:
-    steps = []
+  from jaxrl_llm.train.checkpoint import finished_steps  # it imports this module
+
+  directory = _checkpoints[0]
+  steps = finished_steps(directory)
   if not steps:
     return f"no checkpoint is finished in {directory} yet"
   return f"the newest finished checkpoint is step {steps[-1]} in {directory}"

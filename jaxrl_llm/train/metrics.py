@@ -7,7 +7,6 @@ KL, ratios, clip fractions, importance weights, gradient norms, learning rates),
 (held-out evaluation), `perf/` (throughput and MFU) and `timing/` (seconds per phase and
 each phase's share of the iteration)."""
 
-import dataclasses
 import itertools
 import json
 import math
@@ -17,6 +16,8 @@ from pathlib import Path
 
 import jax
 import numpy as np
+
+from jaxrl_llm.train.checkpoint import config_dict
 
 
 def to_python(metrics: dict) -> dict:
@@ -83,7 +84,7 @@ class MetricsWriter:
   @classmethod
   def for_run(cls, cfg, start_step: int = 0) -> "MetricsWriter":
     """The writer of `cfg.run`'s loggers, from `start_step` on."""
-    config = json.loads(json.dumps(dataclasses.asdict(cfg)))
+    config = config_dict(cfg)
     return cls(cfg.run.workdir, cfg.loggers(), start_step, config, cfg.run.wandb_project)
 
   def _truncate(self, start_step: int) -> None:

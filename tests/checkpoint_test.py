@@ -2,7 +2,6 @@
 mesh shape, config changes, SIGTERM, and a fresh start."""
 
 import logging
-import os
 import shutil
 import signal
 import subprocess
@@ -11,7 +10,16 @@ import time
 
 import jax
 import pytest
-from helpers import REPO, N, assert_bitwise_equal, metric_rows, params, run_killed, small_config
+from helpers import (
+  REPO,
+  N,
+  assert_bitwise_equal,
+  metric_rows,
+  params,
+  run_killed,
+  small_config,
+  subprocess_env,
+)
 
 from jaxrl_llm.train import ConfigError, train
 
@@ -177,9 +185,8 @@ def _signal_a_running_job(tmp_path, signum, every):
   }
   command = [sys.executable, "-m", "jaxrl_llm.train", "--config", "experiments/configs/default.py"]
   command += [f"--config.{k}={v}" for k, v in flags.items()]
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
   proc = subprocess.Popen(
-    command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+    command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=subprocess_env()
   )
   try:
     metrics = workdir / "metrics.jsonl"

@@ -2,19 +2,19 @@
 train_test.test_cli_runs), and the warm start fed faster than the devices compute."""
 
 import json
-import os
 import subprocess
 import sys
 
 import pytest
-from helpers import run_cli
+from helpers import run_cli, subprocess_env
 
 
 @pytest.mark.parametrize("devices", [2, pytest.param(8, marks=pytest.mark.slow)])
 def test_main_command_runs_on_several_devices(tmp_path, devices):
   """A short warm start, then 3 GRPO steps, on a data-parallel mesh of every device."""
   workdir = tmp_path / "run"
-  env = os.environ | {"XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
+  env = subprocess_env()
+  env["XLA_FLAGS"] += f" --xla_force_host_platform_device_count={devices}"
   out = run_cli(
     "--config.run.steps=3",
     "--config.warmstart.steps=40",

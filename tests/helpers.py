@@ -4,6 +4,7 @@ sampled batch, a learner, the CLI in a subprocess, and the kill-9 harness. Plain
 importable without pytest, so the fixture scripts use it too."""
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -111,6 +112,16 @@ def one_batch(learner, cfg, seed=0) -> Batch:
     out.truncated_B,
     behav_logp_BxN=out.logprobs_BxN,
   )
+
+
+def subprocess_env(**extra) -> dict[str, str]:
+  """The environment for a subprocess that sets its own device count: XLA_FLAGS keeps only
+  the suite's optimisation level (see conftest.py), so the child compiles as fast and
+  no inherited device-count flag overrides its own. `extra` is added."""
+  level = [
+    f for f in os.environ.get("XLA_FLAGS", "").split() if f.startswith("--xla_backend_optim")
+  ]
+  return dict(os.environ, XLA_FLAGS=" ".join(level)) | extra
 
 
 def run_cli(*flags, env=None, check=False, config="experiments/configs/default.py"):

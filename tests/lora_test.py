@@ -358,6 +358,8 @@ def test_lora_grpo_learns_the_default_task(tmp_path):
     rows = [json.loads(line) for line in open(summary["metrics"])]
     best = max(r["eval/heldout_accuracy"] for r in rows if "eval/heldout_accuracy" in r)
     reached.append(best - summary["heldout_accuracy_before"] >= 0.15)
+    if sum(reached) >= 2:  # decided: a third seed could not change the verdict
+      break
   assert sum(reached) >= 2, reached
 
 

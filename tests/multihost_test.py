@@ -15,7 +15,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
-from helpers import OnesTask, small_config
+from helpers import OnesTask, small_config, subprocess_env
 
 from jaxrl_llm.train import train
 from jaxrl_llm.train.checkpoint import config_dict
@@ -54,12 +54,9 @@ def _launch(cfg, tmp_path, faults=("", ""), expect=(0, 0), deadline_s=DEADLINE_S
   to exit with `expect[i]` (None: any failure) within `deadline_s`; returns their logs."""
   config = tmp_path / "config.json"
   config.write_text(json.dumps(config_dict(cfg)))
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-  env |= {
-    "JAX_NUM_CPU_DEVICES": "4",
-    "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo",
-    "JAX_PLATFORMS": "cpu",
-  }
+  env = subprocess_env(
+    JAX_NUM_CPU_DEVICES="4", JAX_CPU_COLLECTIVES_IMPLEMENTATION="gloo", JAX_PLATFORMS="cpu"
+  )
   coordinator = f"localhost:{_free_port()}"
   logs = [open(tmp_path / f"process{i}.log", "w") for i in range(2)]
   procs = [

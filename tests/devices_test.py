@@ -9,7 +9,8 @@ import pytest
 from helpers import run_cli, subprocess_env
 
 
-@pytest.mark.parametrize("devices", [2, pytest.param(8, marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("devices", [2, 8])
 def test_main_command_runs_on_several_devices(tmp_path, devices):
   """A short warm start, then 3 GRPO steps, on a data-parallel mesh of every device."""
   workdir = tmp_path / "run"

@@ -87,6 +87,7 @@ def test_eval_of_a_checkpoint_reproduces_the_runs_held_out_accuracy(trained, tmp
   assert first["accuracy"] == summary["heldout_accuracy_before"]
 
 
+@pytest.mark.slow
 def test_eval_of_a_lora_checkpoint_applies_its_adapters(tmp_path):
   """A LoRA run's checkpoint holds its adapters and the base's fingerprint: the command
   rebuilds the base, applies the adapters and gives the run's own held-out accuracy."""

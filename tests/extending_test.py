@@ -95,6 +95,7 @@ def test_token_estimator_doc(clean_registries):
   np.testing.assert_array_equal(returns, 0.0)
 
 
+@pytest.mark.slow
 def test_task_doc(clean_registries):
   from jaxrl_llm.train.task import Task
   from jaxrl_llm.train.validate import from_config_dict

@@ -75,9 +75,10 @@ ASYNC = ENGINE | {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
   "lora",
-  [{}, pytest.param({"lora.rank": 4, "lora.alpha": 8.0}, marks=pytest.mark.slow)],
+  [{}, {"lora.rank": 4, "lora.alpha": 8.0}],
   ids=["full", "lora"],
 )
 def test_async_on_4_plus_4_devices_equals_sync_off_policy_on_4(tmp_path, lora):

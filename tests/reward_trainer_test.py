@@ -41,6 +41,7 @@ def _params(directory):
   return jax.tree.leaves(nnx.state(load_reward_model(directory), nnx.Param))
 
 
+@pytest.mark.slow
 def test_a_trained_reward_model_ranks_held_out_pairs(tmp_path):
   cfg = rm_config(tmp_path, **{"run.steps": 300, "run.eval_every": 100})
   summary = train_reward_model(cfg)

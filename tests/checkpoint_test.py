@@ -2,6 +2,7 @@
 mesh shape, config changes, SIGTERM, and a fresh start."""
 
 import logging
+import re
 import shutil
 import signal
 import subprocess
@@ -164,9 +165,9 @@ def test_fresh_flag_sets_the_old_run_aside(tmp_path):
   assert [p.name for p in (previous / "checkpoints").iterdir()] == ["0", "1"]
 
 
-def _signal_a_running_job(tmp_path, signum, every):
-  """Starts the CLI on a long run, sends `signum` after its second step; returns the process
-  (finished), its output and the run directory."""
+def _signal_a_running_job(tmp_path, signum, every, **extra):
+  """Starts the CLI on a long run (`extra`: more config flags), sends `signum` after its
+  second step; returns the process (finished), its output and the run directory."""
   workdir = tmp_path / "run"
   flags = {
     "model.hidden_size": 32,
@@ -182,6 +183,7 @@ def _signal_a_running_job(tmp_path, signum, every):
     "run.loggers": "jsonl",
     "run.workdir": str(workdir),
     "checkpoint.every": every,
+    **extra,
   }
   command = [sys.executable, "-m", "jaxrl_llm.train", "--config", "experiments/configs/default.py"]
   command += [f"--config.{k}={v}" for k, v in flags.items()]
@@ -203,11 +205,20 @@ def _signal_a_running_job(tmp_path, signum, every):
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_saves_after_the_step_and_exits_0(tmp_path, signum):
-  proc, out, err, workdir = _signal_a_running_job(tmp_path, signum, every=100000)
+  """The save reports how long after the signal it finished; past the grace period (0 s
+  here, for SIGTERM) it says the real machine would have lost it, naming the key."""
+  grace = 0 if signum == signal.SIGTERM else 1e9
+  proc, out, err, workdir = _signal_a_running_job(
+    tmp_path, signum, every=100000, **{"checkpoint.preemption_grace_s": grace}
+  )
   assert proc.returncode == 0, err[-3000:]
   steps = len((workdir / "metrics.jsonl").read_text().splitlines())
   assert f"preempted: saved step {steps};" in out
-  assert f"received {signal.Signals(signum).name}" in err
+  name = signal.Signals(signum).name
+  assert f"received {name}" in err
+  assert re.search(rf"{name}: saved step {steps} to \S+, [\d.]+ s after the signal", err), err
+  past = "past config.checkpoint.preemption_grace_s=0: a preemptible machine is stopped"
+  assert (past in err) == (signum == signal.SIGTERM), err[-3000:]
   assert str(steps) in [p.name for p in (workdir / "checkpoints").iterdir()]
 
 

@@ -418,6 +418,9 @@ class CheckpointSection:
   async_save: bool = True  # write files in the background while training goes on
   fresh: bool = False  # move existing checkpoints and metrics aside and start over
   directory: str = ""  # "": <run.workdir>/checkpoints; gs:// works
+  # The seconds a preemptible machine runs after its SIGTERM (30 on Cloud TPU and GCE spot
+  # VMs): a save that finishes later is reported, as the real machine would have lost it.
+  preemption_grace_s: float = at_least(30.0, 0)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -355,13 +355,26 @@ def _checkpoint(job: _Job, ckpt, producer, done: int, preemption) -> bool:
     ckpt.save(done, job.learner.saved(job.learner.state), _meta(job, producer))
   if stop:
     ckpt.wait()
+    took, grace = preemption.seconds_since(), job.cfg.checkpoint.preemption_grace_s
     log.warning(
-      "%s: saved step %d to %s; exiting. Re-run the same command to resume.",
+      "%s: saved step %d to %s%s; exiting. Re-run the same command to resume.",
       preemption.received or "a signal on another process",
       done,
       ckpt.directory,
+      "" if took is None else f", {took:.1f} s after the signal",
     )
+    if took is not None and took > grace:
+      log.warning(
+        "the save finished %.1f s after the signal, past config.checkpoint.preemption_grace_s"
+        "=%g: a preemptible machine is stopped at that point, so this save would be lost and "
+        "the run would resume from the newest periodic checkpoint. Keep a step shorter than "
+        "the grace period (smaller batch or max_new_tokens), or save more often with "
+        "config.checkpoint.every.",
+        took,
+        grace,
+      )
     job.summary["preempted"] = done
+    job.summary["preemption_save_s"] = took
   return stop
 
 

@@ -3,6 +3,7 @@
 import logging
 import signal
 import threading
+import time
 
 from jaxrl_llm.models import hosts
 
@@ -18,6 +19,7 @@ class Preemption:
 
   def __init__(self, active: bool = True):
     self.received = None
+    self.at = None  # time.monotonic() when the first signal came
     self.active = active
     self._previous = {}
 
@@ -25,6 +27,7 @@ class Preemption:
     if self.received is not None and signum == signal.SIGINT:
       raise KeyboardInterrupt
     self.received = signal.Signals(signum).name
+    self.at = time.monotonic()
     log.warning("received %s: saving after the current step, then exiting.", self.received)
 
   def __enter__(self):
@@ -35,6 +38,11 @@ class Preemption:
   def __exit__(self, *exc):
     for s, handler in self._previous.items():
       signal.signal(s, handler)
+
+  def seconds_since(self) -> float | None:
+    """Seconds since this process got its signal (None when it got none: another process
+    did)."""
+    return None if self.at is None else time.monotonic() - self.at
 
   def requested(self) -> bool:
     """Whether any process got a signal (all processes must agree to stop together)."""

@@ -3,9 +3,11 @@
   python -m experiments.ablate --suite grpo_vs_ppo --seeds 3
   python -m experiments.ablate --suite grpo_vs_ppo --seeds 1 --smoke --out /tmp/smoke
 
-For each task of the suite the runner warm-starts one policy (supervised, on labelled
-problems) and exports it; every method and seed then starts from that same policy
-(`model.path`). Each run is `python -m jaxrl_llm.train --config
+For each task and seed the runner warm-starts one policy (supervised, on labelled
+problems, from the seed's own initialisation and data order) and exports it; every method
+of that seed then starts from that policy (`model.path`), so the methods share their
+starts seed by seed and the intervals over seeds include how much the warm start moves
+the outcome. Each run is `python -m jaxrl_llm.train --config
 experiments/configs/ablation/<method>.py` in its own process, under
 `<out>/runs/<task>/<method>/seed<k>/`. The grid is resumable: a run with a
 `summary.json` is done and skipped, a killed run resumes from its checkpoints. When
@@ -34,14 +36,24 @@ REPO = Path(__file__).resolve().parents[1]
 FINAL_FRACTION = 0.1  # "final" KL, entropy, lengths, clip fraction: the mean over the last 10%
 
 
-def warm_start(out: Path, suite: Suite, name: str, smoke: bool) -> Path:
-  """The task's warm-started policy as a Hugging Face directory (made once)."""
-  workdir = out / "runs" / name / "warmstart"
+def warm_start(out: Path, suite: Suite, name: str, smoke: bool, seed: int = 0) -> Path:
+  """The task's warm-started policy for RL seed `seed` as a Hugging Face directory (made
+  once): supervised from its own initialisation and data order (`run.seed=seed`), so the
+  spread over seeds includes the warm start's. A task without warm-start steps starts
+  every seed from the one exported base model."""
+  spec = suite.tasks[name]
+  seed = seed if spec.warm_steps else 0
+  if (out / "runs" / name / "warmstart" / "hf").exists():
+    raise SystemExit(
+      f"{out / 'runs' / name} holds runs warm-started once per task (warmstart/hf), not once "
+      f"per seed: move or delete {out / 'runs'} and run the grid again."
+    )
+  workdir = out / "runs" / name / "warmstart" / f"seed{seed}"
   hf = workdir / "hf"
   if (hf / "config.json").exists():
     return hf
-  spec = suite.tasks[name]
   settings = spec.overrides | {
+    "run.seed": seed,
     "warmstart.steps": min(5, spec.warm_steps) if smoke else spec.warm_steps,
     "warmstart.examples": 64 if smoke else spec.warm_examples,
     "run.steps": 0,
@@ -206,6 +218,21 @@ def _fmt(value, digits=3):
   )
 
 
+def _starts(results: dict, task: str) -> str:
+  """The heading's line on the task's warm-started policies: each seed's held-out accuracy
+  where each seed had its own (`meta["warm_start"] == "per seed"`), else the mean over the
+  seeds' held-out sets of the one policy (grids run before warm starts were per seed)."""
+  befores = {}
+  for key, run in results["runs"].items():
+    name, _, seed = key.split("/")
+    if name == task:
+      befores.setdefault(int(seed), run["before"])
+  if results["meta"].get("warm_start") != "per seed":
+    return f"Warm-started policy: held-out accuracy {_fmt(mean_ci(befores.values())[0])}."
+  each = ", ".join(f"{_fmt(befores[k])} (seed {k})" for k in sorted(befores))
+  return f"Warm-started policies, one per seed: held-out accuracy {each}."
+
+
 def plot(results: dict, suite: Suite, out: Path) -> list[str]:
   import matplotlib
 
@@ -318,7 +345,7 @@ def report(results: dict, suite: Suite, out: Path) -> Path:
     "" if not meta["smoke"] else "- **Smoke run**: 2 steps per method; the numbers mean nothing.",
     "",
     "Columns: final held-out greedy accuracy (mean ± 95% Student-t interval over seeds; the "
-    "warm-started policy's is in the heading); the first evaluation step at which held-out "
+    "warm-started policies' are in the heading); the first evaluation step at which held-out "
     "accuracy reached the target, and the training seconds until then (mean over the seeds "
     "that reached it); then means over the last 10% of steps of: KL to the starting policy "
     "(k3, summed per sequence), entropy per token, response length of correct and of wrong "
@@ -326,11 +353,10 @@ def report(results: dict, suite: Suite, out: Path) -> Path:
     "",
   ]
   for task, spec in suite.tasks.items():
-    before = mean_ci(v["before"] for k, v in results["runs"].items() if k.startswith(task + "/"))
     lines += [
       f"## {task}: {spec.description}",
       "",
-      f"Warm-started policy: held-out accuracy {_fmt(before[0])}. Target: {spec.target}.",
+      f"{_starts(results, task)} Target: {spec.target}.",
       "",
       "| method | final accuracy | steps to target | seconds to target | KL | entropy "
       "| length correct | length wrong | clip fraction |",
@@ -368,6 +394,11 @@ def merged(previous: Path, meta: dict, fresh: dict, methods, why: str) -> dict:
   results = json.loads(previous.read_text())
   if (results["meta"]["seeds"], results["meta"]["smoke"]) != (meta["seeds"], meta["smoke"]):
     raise SystemExit(f"--methods: {previous} holds another grid (seeds, smoke); run it whole.")
+  if results["meta"].get("warm_start") != meta.get("warm_start"):
+    raise SystemExit(
+      f"--methods: {previous} was warm-started once per task and these cells once per seed; "
+      "rerun the whole grid."
+    )
   starts = {}
   for key, run in results["runs"].items():
     task, _, seed = key.split("/")
@@ -423,10 +454,11 @@ def main(argv=None) -> Path:
   start = time.monotonic()
   if suite.prepare is not None:
     suite.prepare()
-  with tqdm(total=len(suite.tasks), desc="warm starts", unit="task") as bar:
+  starts = [(name, seed) for name in suite.tasks for seed in range(args.seeds)]
+  with tqdm(total=len(starts), desc="warm starts", unit="policy") as bar:
     policies = {}
-    for name in suite.tasks:
-      policies[name] = warm_start(out, suite, name, args.smoke)
+    for name, seed in starts:
+      policies[name, seed] = warm_start(out, suite, name, args.smoke, seed)
       bar.update()
   cells = methods or suite.methods
   grid = [(t, m, s) for t in suite.tasks for m in cells for s in range(args.seeds)]
@@ -435,7 +467,7 @@ def main(argv=None) -> Path:
     tqdm(total=len(grid), desc=f"{args.suite} grid", unit="run") as bar,
   ):
     futures = {
-      pool.submit(run_one, out, suite, t, m, s, policies[t], args.smoke): (t, m, s)
+      pool.submit(run_one, out, suite, t, m, s, policies[t, s], args.smoke): (t, m, s)
       for t, m, s in grid
     }
     executed = 0
@@ -456,6 +488,7 @@ def main(argv=None) -> Path:
     "wall_minutes": (time.monotonic() - start) / 60,
     "executed": executed,
     "grid": len(grid),
+    "warm_start": "per seed",
   }
   previous = out / "results.json"
   if methods:

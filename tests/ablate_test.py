@@ -299,3 +299,56 @@ def test_rerun_cells_replace_their_methods_and_must_share_the_start(tmp_path):
   other_start = _claim_runs("t", {"dapo": [_run(0.7, before=0.31), _run(0.75)]})
   with pytest.raises(SystemExit, match="not the same warm-started policy"):
     ablate.merged(previous, meta, other_start, ["dapo"], "x")
+
+
+def test_each_seed_warm_starts_its_own_policy(tmp_path, monkeypatch):
+  suite = Suite(
+    "s",
+    ("grpo",),
+    {"t": TaskSpec("t", {"task.digits": 2}, 0.2), "base": TaskSpec("b", {}, 0.2, warm_steps=0)},
+    steps=10,
+  )
+  commands = []
+
+  def fake_run(command, log, out, extra_env=()):
+    commands.append(command)
+    if "jaxrl_llm.export" in command:
+      hf = tmp_path / command[command.index("--out") + 1]
+      hf.mkdir(parents=True)
+      (hf / "config.json").write_text("{}")
+
+  monkeypatch.setattr(ablate.launch, "run", fake_run)
+  got = [ablate.warm_start(tmp_path, suite, "t", False, seed) for seed in (0, 1)]
+  assert got == [tmp_path / f"runs/t/warmstart/seed{k}/hf" for k in (0, 1)]
+  trains = [c for c in commands if "jaxrl_llm.train" in c]
+  assert [[f for f in c if f.startswith("--config.run.seed=")] for c in trains] == [
+    ["--config.run.seed=0"],
+    ["--config.run.seed=1"],
+  ]
+  made = len(commands)
+  assert ablate.warm_start(tmp_path, suite, "t", False, 1) == got[1] and len(commands) == made
+  # a task that starts from its base model without warm-start steps: one export for all seeds
+  assert ablate.warm_start(tmp_path, suite, "base", False, 2) == tmp_path / (
+    "runs/base/warmstart/seed0/hf"
+  )
+  (tmp_path / "runs/t/warmstart/hf").mkdir(parents=True)  # a grid from one policy per task
+  with pytest.raises(SystemExit, match="not once per seed"):
+    ablate.warm_start(tmp_path, suite, "t", False, 2)
+
+
+def test_report_heading_names_each_seeds_warm_start(tmp_path):
+  runs = _claim_runs("t", {"grpo": [_run(0.5, before=0.1), _run(0.6, before=0.2)]})
+  meta = {"seeds": 2, "smoke": False}
+  assert ablate._starts({"meta": meta, "runs": runs}, "t") == (
+    "Warm-started policy: held-out accuracy 0.150."
+  )
+  per_seed = {"meta": meta | {"warm_start": "per seed"}, "runs": runs}
+  assert ablate._starts(per_seed, "t") == (
+    "Warm-started policies, one per seed: held-out accuracy 0.100 (seed 0), 0.200 (seed 1)."
+  )
+  previous = tmp_path / "results.json"
+  previous.write_text(json.dumps({"meta": meta, "runs": runs}))
+  fresh_meta = meta | {"warm_start": "per seed", "command": "c", "commit": "a", "date": "d"}
+  fresh_meta |= {"machine": "m", "wall_minutes": 1.0}
+  with pytest.raises(SystemExit, match="once per task and these cells once per seed"):
+    ablate.merged(previous, fresh_meta, runs, ["grpo"], "x")

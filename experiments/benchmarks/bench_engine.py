@@ -120,9 +120,10 @@ def kv_bytes_per_token(cfg) -> int:
   return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * jnp.dtype(cfg.dtype).itemsize
 
 
-def timed(fn):
-  """(result, seconds) of one call after a warm-up call."""
-  jax.block_until_ready(fn())
+def timed(fn, warmup=contextlib.nullcontext):
+  """(result, seconds) of one call after a warm-up call made inside `warmup()`."""
+  with warmup():
+    jax.block_until_ready(fn())
   start = time.perf_counter()
   out = jax.block_until_ready(fn())
   return out, time.perf_counter() - start
@@ -172,13 +173,7 @@ def run_ours(model, prompt, mask, args, end_ids, static: bool) -> dict:
       with_stats=True,
     )
 
-  start = time.perf_counter()
-  with compile_only():
-    jax.block_until_ready(call())
-  compile_s = time.perf_counter() - start
-  start = time.perf_counter()
-  out, stats = jax.block_until_ready(call())
-  seconds = time.perf_counter() - start
+  (out, stats), seconds = timed(call, warmup=compile_only)
   lengths = np.asarray(out.lengths_B)
   per_token = kv_bytes_per_token(model.cfg)
   Bp, P, N, G = prompt.shape[0], prompt.shape[1], args.max_new_tokens, args.samples
@@ -196,7 +191,6 @@ def run_ours(model, prompt, mask, args, end_ids, static: bool) -> dict:
   return {
     "tokens_per_s": float(lengths.sum()) / seconds,
     "seconds": seconds,
-    "compile_seconds": compile_s,
     "useful_tokens": int(lengths.sum()),
     "lengths": quantiles(lengths),
     "truncated": float(np.mean(np.asarray(out.truncated_B))),
@@ -417,16 +411,6 @@ SYSTEMS = {
 }
 
 
-def kv_per_token(row: dict) -> float:
-  """KV bytes per token: the workload's, or (rows before it were written) the static sampler's
-  cache over its `P + G N` slots per group."""
-  w = row["workload"]
-  if "kv_bytes_per_token" in w:
-    return w["kv_bytes_per_token"]
-  slots = w["prompts"] * (w["prompt_width"] + w["samples"] * w["max_new_tokens"])
-  return row["static"]["peak_kv_bytes"] / slots
-
-
 def report(row: dict) -> list[str]:
   """A markdown table of one run: each system's setting, useful tokens/s, length quantiles,
   peak KV and the engine's ratio over it."""
@@ -452,14 +436,14 @@ def report(row: dict) -> list[str]:
     else:
       setting = r.get("setting", "")
     q = r["lengths"] if isinstance(r["lengths"], dict) else quantiles(r["lengths"])
-    seconds = r.get("seconds", r.get("median_s"))
-    seconds = seconds if isinstance(seconds, float) else r.get("median_s")
+    seconds = r["median_s"] if "median_s" in r else r["seconds"]  # tunix: median of its calls
     if "peak_kv_bytes" in r:
       kv = gib(r["peak_kv_bytes"])
       if "pool_kv_bytes" in r:
         kv += f" (pool {gib(r['pool_kv_bytes'])})"
     elif name == "tunix":
-      kv = gib(r["settings"]["batch"] * r["settings"]["cache_size"] * kv_per_token(row))
+      tokens = r["settings"]["batch"] * r["settings"]["cache_size"]
+      kv = gib(tokens * row["workload"]["kv_bytes_per_token"])
     else:
       kv = "not recorded"
     ratio = row["ratios"].get(f"engine_vs_{name}")
@@ -468,7 +452,7 @@ def report(row: dict) -> list[str]:
       f"| {q['mean']:.0f}, {q['p10']:.0f}, {q['p50']:.0f}, {q['p90']:.0f}, {q['max']:.0f} "
       f"| {kv} | {f'{ratio:.2f}x' if ratio else ''} |"
     )
-  bound = row.get("static_row_steps_per_useful_token") or static_bound(row)
+  bound = static_bound(row)
   lines += [
     "",
     f"The static sampler decoded {bound:.2f} row-steps per useful token: no scheduling of "
@@ -543,7 +527,6 @@ def main(argv=None):
       results["tunix"] = run_tunix(python, model_dir, prompt, mask, args, end_ids)
       print(f"tunix: {json.dumps(results['tunix'])[:2000]}")
   results["ratios"] = ratios(results)
-  results["static_row_steps_per_useful_token"] = static_bound(results)
   print("\n".join(report(results)))
   if not args.no_write:
     print(f"wrote {write_results('bench_engine', results)}")

@@ -1,6 +1,12 @@
-"""bench_engine's table of a run: each system's row, the ratios, and the static bound."""
+"""bench_engine's table of a run (each system's row, the ratios, the static bound) and its
+resumption of an interrupted run."""
+
+import json
+
+import pytest
 
 from experiments.benchmarks import bench_engine
+from experiments.lib import provenance
 
 
 def test_report_rows_come_from_the_run():
@@ -29,3 +35,75 @@ def test_report_rows_come_from_the_run():
     "| 4.1 MiB | 4.00x |"
   )
   assert lines[-1].startswith("The static sampler decoded 5.12 row-steps per useful token")
+
+
+def _fake_runs(monkeypatch, tmp_path, fail_static: bool):
+  """bench_engine.main with its samplers replaced by counted stand-ins, writing under
+  `tmp_path`; the static sampler raises when `fail_static` (an interrupted run)."""
+  calls = []
+
+  def run_ours(model, prompt, mask, args, end_ids, static):
+    calls.append("static" if static else "engine")
+    if static and fail_static:
+      raise KeyboardInterrupt
+    lengths = {"mean": 3.0, "p10": 1.0, "p50": 3.0, "p90": 5.0, "max": 5.0}
+    steps = {"decode_steps": 5, "useful_tokens": 24} if static else {"slots": 4}
+    return {"tokens_per_s": 2.0 if static else 4.0, "seconds": 1.0, "lengths": lengths,
+            "peak_kv_bytes": 1024, **steps}  # fmt: skip
+
+  monkeypatch.setattr(bench_engine, "run_ours", run_ours)
+  monkeypatch.setattr(bench_engine, "RESULTS", tmp_path)
+  monkeypatch.setattr(bench_engine, "PARTIAL", tmp_path / "partial.json")
+  return calls
+
+
+ARGS = ["--toy", "--prompts", "2", "--samples", "4", "--max-new-tokens", "8", "--peers", ""]
+
+
+def test_a_resumed_run_keeps_what_the_interrupted_run_finished(monkeypatch, tmp_path):
+  calls = _fake_runs(monkeypatch, tmp_path, fail_static=True)
+  with pytest.raises(KeyboardInterrupt):
+    bench_engine.main(ARGS)
+  saved = json.loads((tmp_path / "partial.json").read_text())
+  assert list(saved["systems"]) == ["engine"] and calls == ["engine", "static"]
+  first = saved["stamps"][0]
+  assert first["boot"] == provenance.boot() and first["commit"] == provenance.commit()
+
+  calls = _fake_runs(monkeypatch, tmp_path, fail_static=False)
+  monkeypatch.setattr(bench_engine.provenance, "code_changed", lambda since: False)
+  row = bench_engine.main([*ARGS, "--resume"])
+  assert calls == ["static"]  # the engine's figures were kept, not measured again
+  assert row["ratios"] == {"engine_vs_static": 2.0}
+  written = json.loads((tmp_path / "bench_engine.jsonl").read_text())
+  assert written["resumed_from"] == [first] and written["boot"] == first["boot"]
+  assert not (tmp_path / "partial.json").exists()
+
+
+@pytest.mark.parametrize(
+  "change, message",
+  [
+    (lambda saved: saved["stamps"][0].update(boot="another@1"), "another boot"),
+    (lambda saved: saved["workload"].update(max_new_tokens=9), "workload differs"),
+    (None, "the code changed"),
+  ],
+)
+def test_a_run_from_elsewhere_is_not_resumed(monkeypatch, tmp_path, change, message):
+  _fake_runs(monkeypatch, tmp_path, fail_static=True)
+  with pytest.raises(KeyboardInterrupt):
+    bench_engine.main(ARGS)
+  path = tmp_path / "partial.json"
+  saved = json.loads(path.read_text())
+  if change:
+    change(saved)
+    path.write_text(json.dumps(saved))
+  _fake_runs(monkeypatch, tmp_path, fail_static=False)
+  monkeypatch.setattr(bench_engine.provenance, "code_changed", lambda since: change is None)
+  with pytest.raises(SystemExit, match=message):
+    bench_engine.main([*ARGS, "--resume"])
+  assert json.loads(path.read_text()) == saved  # refused, and nothing lost
+
+
+def test_resume_without_writing_is_refused(capsys):
+  with pytest.raises(SystemExit):
+    bench_engine.main([*ARGS, "--resume", "--no-write"])
+  assert "drop --no-write" in capsys.readouterr().err

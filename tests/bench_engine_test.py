@@ -57,7 +57,7 @@ def _fake_runs(monkeypatch, tmp_path, fail_static: bool):
   return calls
 
 
-ARGS = ["--toy", "--prompts", "2", "--samples", "4", "--max-new-tokens", "8", "--peers", ""]
+ARGS = ["--toy", "--prompts", "2", "--samples", "4", "--max-new-tokens", "8", "--peers", "static"]
 
 
 def test_a_resumed_run_keeps_what_the_interrupted_run_finished(monkeypatch, tmp_path):
@@ -107,3 +107,42 @@ def test_resume_without_writing_is_refused(capsys):
   with pytest.raises(SystemExit):
     bench_engine.main([*ARGS, "--resume", "--no-write"])
   assert "drop --no-write" in capsys.readouterr().err
+
+
+def test_peers_are_named_and_must_be_installed(capsys, monkeypatch):
+  with pytest.raises(SystemExit):
+    bench_engine.main([*ARGS[:-1], "static,vllm"])
+  assert "vllm unknown; choose from static, transformers, continuous, tunix" in (
+    capsys.readouterr().err
+  )
+  monkeypatch.setattr(bench_engine, "tunix_python", lambda given: None)
+  with pytest.raises(SystemExit):
+    bench_engine.main([*ARGS[:-1], "tunix"])
+  assert "names tunix, which is not installed here: --tunix-python" in capsys.readouterr().err
+
+
+def test_the_report_covers_every_system_from_the_latest_runs(monkeypatch):
+  """A later run that measured only some systems replaces those; the others come from the
+  latest run that measured them, each table with its own engine."""
+  system = lambda tps: {"tokens_per_s": tps, "seconds": 1.0, "lengths": [1, 2]}
+  row = lambda date, engine, **peers: {
+    "date": date, "machine": "m", "commit": "c", "model": "SmolLM2-135M-Instruct",
+    "workload": {"page_size": 16, "kv_bytes_per_token": 8}, "engine": system(engine) | {
+      "slots": 4}, **{k: system(v) | {"peak_kv_bytes": 8} for k, v in peers.items()},
+  }  # fmt: skip
+  rows = [
+    row("2026-12-01", 100.0, static=50.0, transformers=20.0),  # replaced by the third
+    row("2026-12-02", 90.0, transformers_continuous_batching=30.0, tunix=45.0),
+    row("2026-12-03", 120.0, static=60.0, transformers=30.0),
+    {"model": "toy (random init)"},  # toy runs are CI's, never reported
+  ]
+  for r in rows[:3]:
+    r["ratios"] = bench_engine.ratios(r)
+  monkeypatch.setattr(bench_engine, "read_results", lambda name: rows)
+  assert [r["date"] for r in bench_engine.committed_runs()] == ["2026-12-02", "2026-12-03"]
+  lines = bench_engine.committed_report()
+  assert lines[0] == "Run of 2026-12-02, m, commit c:"
+  assert sum(line.startswith("| jaxrl_llm rollout engine |") for line in lines) == 2
+  cells = [[c.strip() for c in line.strip("|").split("|")] for line in lines if line[:2] == "| "]
+  ratio = {c[0]: c[-1] for c in cells}
+  assert ratio["tunix `Sampler`"] == "2.00x" and ratio["`transformers.generate`"] == "4.00x"

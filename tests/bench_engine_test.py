@@ -24,7 +24,7 @@ def test_report_rows_come_from_the_run():
   row["ratios"] = bench_engine.ratios(row)
   lines = bench_engine.report(row)
   assert lines[2] == (
-    "| jaxrl_llm rollout engine | 8 slots, pages of 16 | 200.0 | 4 | 100, 5, 80, 512, 512 "
+    "| jaxrl_llm rollout engine | 8 slots, pages of 16 | 200.0 | 4.00 | 100, 5, 80, 512, 512 "
     "| 1.0 MiB (pool 2.00 GiB) |  |"
   )
   assert lines[3].endswith("| 3.0 MiB | 2.00x |")

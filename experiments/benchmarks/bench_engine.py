@@ -462,7 +462,7 @@ def report(row: dict) -> list[str]:
       kv = "not recorded"
     ratio = row["ratios"].get(f"engine_vs_{name}")
     lines.append(
-      f"| {label} | {setting} | {r['tokens_per_s']:.1f} | {seconds:.0f} "
+      f"| {label} | {setting} | {r['tokens_per_s']:.1f} | {seconds:.{0 if seconds >= 10 else 2}f} "
       f"| {q['mean']:.0f}, {q['p10']:.0f}, {q['p50']:.0f}, {q['p90']:.0f}, {q['max']:.0f} "
       f"| {kv} | {f'{ratio:.2f}x' if ratio else ''} |"
     )

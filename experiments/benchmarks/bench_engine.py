@@ -25,7 +25,9 @@ Systems:
   `torch.compile`) at 1 and 2 torch threads (OMP_WAIT_POLICY=PASSIVE) is timed on the
   workload's first 32 tokens with no early stop, and the fastest runs the workload;
 - transformers' own continuous batching (`generate_batch`), where the installed version has
-  it (its failure is printed otherwise);
+  it (its failure is printed otherwise), with a paged cache of the engine's pool bytes: a
+  few page and batch sizes at 1 and 2 threads timed on a calibration slice, the fastest
+  running the workload (`engine_peers.run_continuous_batching`);
 - tunix's `Sampler` (its own environment, `.venv-tunix`), prompts repeated 8 times.
 The engine runs every time; `--peers` names the others (all by default). A run of every
 system takes hours on a 2-core CPU, most of it in transformers' two samplers; where that is
@@ -42,8 +44,7 @@ when it comes from this boot of this machine and the same code and workload (the
 lists the interrupted runs' stamps in `resumed_from`), and runs the rest. `--report` prints
 the tables docs/benchmarks.md quotes: the last committed run on the real model, and before
 it the latest run of each system it left out, each table headed by its date, machine and
-commit (peak KV of tunix from its cache's shape; transformers' `generate_batch` sizes its
-paged cache itself, and its bytes are not recorded).
+commit (peak KV of tunix from its cache's shape, of `generate_batch` the cache it was given).
 """
 
 import os
@@ -54,9 +55,7 @@ import argparse  # noqa: E402
 import contextlib  # noqa: E402
 import importlib.util  # noqa: E402
 import json  # noqa: E402
-import subprocess  # noqa: E402
 import tempfile  # noqa: E402
-import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import jax  # noqa: E402
@@ -65,6 +64,14 @@ import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from experiments.benchmarks.common import RESULTS, read_results, write_jsonl  # noqa: E402
+from experiments.benchmarks.engine_peers import (  # noqa: E402
+  kv_bytes_per_token,
+  quantiles,
+  run_continuous_batching,
+  run_transformers,
+  run_tunix,
+  timed,
+)
 from experiments.benchmarks.peers import tunix_python  # noqa: E402
 from experiments.lib import provenance  # noqa: E402
 from jaxrl_llm.data import left_pad  # noqa: E402
@@ -100,8 +107,6 @@ SUBJECTS = (
   "chess",
 )
 PAGE_SIZE = 16
-CALIBRATION_TOKENS = 32
-THREADS = (1, 2)
 
 
 def chat_prompts(tok, n: int) -> list[list[int]]:
@@ -109,35 +114,6 @@ def chat_prompts(tok, n: int) -> list[list[int]]:
   subject = lambda i: SUBJECTS[(i // len(KINDS)) % len(SUBJECTS)]
   texts = [KINDS[i % len(KINDS)].format(subject(i)) for i in range(n)]
   return [tok.encode(tok.apply_chat_template([{"role": "user", "content": t}])) for t in texts]
-
-
-def useful(tokens_BxN, end_ids) -> np.ndarray:
-  """Each row's tokens up to and including its first end id (N when it has none)."""
-  tokens_BxN = np.asarray(tokens_BxN)
-  ends = np.isin(tokens_BxN, list(end_ids))
-  first = np.where(ends.any(1), ends.argmax(1) + 1, tokens_BxN.shape[1])
-  return first
-
-
-def quantiles(lengths) -> dict:
-  q = np.quantile(np.asarray(lengths), [0.1, 0.5, 0.9, 1.0])
-  return {
-    "mean": float(np.mean(lengths)),
-    **{k: float(v) for k, v in zip(("p10", "p50", "p90", "max"), q, strict=True)},
-  }
-
-
-def kv_bytes_per_token(cfg) -> int:
-  return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * jnp.dtype(cfg.dtype).itemsize
-
-
-def timed(fn, warmup=contextlib.nullcontext):
-  """(result, seconds) of one call after a warm-up call made inside `warmup()`."""
-  with warmup():
-    jax.block_until_ready(fn())
-  start = time.perf_counter()
-  out = jax.block_until_ready(fn())
-  return out, time.perf_counter() - start
 
 
 @contextlib.contextmanager
@@ -162,6 +138,17 @@ def compile_only():
     yield
   finally:
     engine._run, sampler._generate = saved
+
+
+def pool_bytes(num_prompts: int, prompt_width: int, args, cfg) -> int:
+  """The bytes of the engine's page pool for this workload."""
+  from jaxrl_llm.rollout import engine
+
+  lay = engine.layout(
+    num_prompts, prompt_width, args.samples, args.max_new_tokens, slots=args.slots,
+    page_size=PAGE_SIZE,
+  )  # fmt: skip
+  return lay.pages * PAGE_SIZE * kv_bytes_per_token(cfg)
 
 
 def run_ours(model, prompt, mask, args, end_ids, static: bool) -> dict:
@@ -192,11 +179,8 @@ def run_ours(model, prompt, mask, args, end_ids, static: bool) -> dict:
     kv = {"peak_kv_bytes": (Bp * P + Bp * G * N) * per_token}
     extra = {"decode_steps": int(lengths.max())}
   else:
-    from jaxrl_llm.rollout import engine
-
-    lay = engine.layout(Bp, P, G, N, slots=args.slots, page_size=PAGE_SIZE)
-    page = PAGE_SIZE * per_token
-    kv = {"peak_kv_bytes": int(stats.peak_pages) * page, "pool_kv_bytes": lay.pages * page}
+    kv = {"peak_kv_bytes": int(stats.peak_pages) * PAGE_SIZE * per_token}
+    kv["pool_kv_bytes"] = pool_bytes(Bp, P, args, model.cfg)
     extra = {"decode_steps": int(stats.decode_steps), "prefill_passes": int(stats.prefill_passes)}
     extra["slots"] = args.slots
   return {
@@ -208,168 +192,6 @@ def run_ours(model, prompt, mask, args, end_ids, static: bool) -> dict:
     **kv,
     **extra,
   }
-
-
-TRANSFORMERS_CACHES = {
-  "dynamic cache": {},
-  "static cache": {"cache_implementation": "static"},
-  "static cache + torch.compile": {"cache_implementation": "static", "compile": True},
-}
-
-
-def _hf_model(model_dir, setting):
-  import torch
-  import transformers
-
-  hf = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-  if setting.get("compile"):
-    hf.forward = torch.compile(hf.forward)
-  return hf
-
-
-def _hf_generate(hf, setting, ids, attn, args, end_ids, new_tokens, stop: bool):
-  import torch
-
-  kwargs = dict(
-    attention_mask=attn,
-    num_return_sequences=args.samples,
-    do_sample=True,
-    temperature=1.0,
-    top_k=0,
-    top_p=1.0,
-    max_new_tokens=new_tokens,
-    pad_token_id=0,
-    eos_token_id=list(end_ids) if stop else None,
-  )
-  if not stop:
-    kwargs["min_new_tokens"] = new_tokens
-  if "cache_implementation" in setting:
-    kwargs["cache_implementation"] = setting["cache_implementation"]
-  with torch.no_grad():
-    return hf.generate(ids, **kwargs)
-
-
-def run_transformers(model_dir, prompt, mask, args, end_ids, cfg) -> dict:
-  """Every cache and thread setting timed on the first CALIBRATION_TOKENS tokens (no early
-  stop, after a warm-up call); the fastest then runs the workload on the same model object,
-  after one more warm-up call of the whole workload only when it compiles (a static cache
-  of the workload's length is a new program)."""
-  import torch
-  import transformers
-
-  ids, attn = torch.from_numpy(np.asarray(prompt)).long(), torch.from_numpy(np.asarray(mask))
-  rows, P = ids.shape[0] * args.samples, ids.shape[1]
-  calibration, models = {}, {}
-  for threads in THREADS:
-    torch.set_num_threads(threads)
-    for label, setting in TRANSFORMERS_CACHES.items():
-      name = f"{label}, {threads} torch threads"
-      try:
-        hf = models[label] = models.get(label) or _hf_model(model_dir, setting)
-        run = lambda hf=hf, setting=setting: _hf_generate(
-          hf, setting, ids, attn, args, end_ids, CALIBRATION_TOKENS, stop=False
-        )
-        _, seconds = timed(run)
-        calibration[name] = rows * CALIBRATION_TOKENS / seconds
-      except Exception as e:  # noqa: BLE001 - a setting CPU cannot run is a result too
-        calibration[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
-      print(f"  transformers calibration, {name}: {calibration[name]}")
-  working = {k: v for k, v in calibration.items() if isinstance(v, float)}
-  best = max(working, key=working.get)
-  label, threads = best.rsplit(", ", 1)[0], int(best.rsplit(", ", 1)[1].split()[0])
-  torch.set_num_threads(threads)
-  hf, setting = models[label], TRANSFORMERS_CACHES[label]
-  run = lambda: _hf_generate(hf, setting, ids, attn, args, end_ids, args.max_new_tokens, stop=True)
-  if setting.get("compile"):  # a static cache of a new length is compiled again: warm it up
-    tokens, seconds = timed(run)
-  else:  # eager: the calibration's two calls on this model and batch were its warm-up
-    start = time.perf_counter()
-    tokens = run()
-    seconds = time.perf_counter() - start
-  lengths = useful(tokens[:, P:].numpy(), end_ids)
-  width = tokens.shape[1] if label == "dynamic cache" else P + args.max_new_tokens
-  return {
-    "setting": best,
-    "calibration_tokens_per_s": calibration,
-    "tokens_per_s": float(lengths.sum()) / seconds,
-    "seconds": seconds,
-    "useful_tokens": int(lengths.sum()),
-    "lengths": quantiles(lengths),
-    "peak_kv_bytes": rows * width * kv_bytes_per_token(cfg),
-    "versions": f"transformers {transformers.__version__}, torch {torch.__version__}",
-  }
-
-
-def run_continuous_batching(model_dir, prompts, args, end_ids, cfg) -> dict:
-  """transformers' `generate_batch` (continuous batching with a paged cache): each torch
-  thread count (1, 2) is timed on the first 8 prompts after a warm-up call on them, and the
-  faster one runs the whole workload once."""
-  import torch
-  import transformers
-
-  out = {"versions": f"transformers {transformers.__version__}, torch {torch.__version__}"}
-  config = transformers.GenerationConfig(
-    do_sample=True,
-    temperature=1.0,
-    top_k=0,
-    top_p=1.0,
-    max_new_tokens=args.max_new_tokens,
-    eos_token_id=list(end_ids),
-    pad_token_id=0,
-    num_return_sequences=args.samples,
-  )
-  calibration, best, hf = {}, None, None
-  for threads in THREADS:
-    torch.set_num_threads(threads)
-    try:
-      hf = hf or _hf_model(model_dir, {})
-      _, seconds = timed(lambda hf=hf: hf.generate_batch(prompts[:8], generation_config=config))
-      calibration[f"{threads} torch threads"] = seconds
-      if best is None or seconds < calibration[best]:
-        best = f"{threads} torch threads"
-    except Exception as e:  # noqa: BLE001 - a failure is reported, not hidden
-      calibration[f"{threads} torch threads"] = f"{type(e).__name__}: {str(e)[:300]}"
-    print(f"  transformers generate_batch calibration, {threads} torch threads: {calibration}")
-  out["calibration_seconds_8_prompts"] = calibration
-  if best is None:
-    return out | {"error": "generate_batch failed at every thread count"}
-  torch.set_num_threads(int(best.split()[0]))
-  start = time.perf_counter()
-  result = hf.generate_batch(prompts, generation_config=config)
-  seconds = time.perf_counter() - start
-  lengths = np.array([len(r.generated_tokens) for r in result.values()])
-  return out | {
-    "setting": best,
-    "tokens_per_s": float(lengths.sum()) / seconds,
-    "seconds": seconds,
-    "useful_tokens": int(lengths.sum()),
-    "lengths": quantiles(lengths),
-  }
-
-
-def run_tunix(python, model_dir, prompt, mask, args, end_ids) -> dict:
-  """tunix's sampler on the same weights (as a Qwen2 with zero q/k/v biases), the prompts
-  repeated `samples` times, stopping at the end id."""
-  from experiments.benchmarks.bench_smollm2 import as_qwen2
-
-  with tempfile.TemporaryDirectory() as tmp:
-    qwen2 = (
-      as_qwen2(Path(model_dir), Path(tmp) / "qwen2") if args.model_kind == "smollm2" else model_dir
-    )
-    prompts = Path(tmp) / "prompts.npz"
-    np.savez(
-      prompts,
-      tokens=np.repeat(np.asarray(prompt), args.samples, 0),
-      mask=np.repeat(np.asarray(mask), args.samples, 0),
-    )
-    command = [python, str(Path(__file__).with_name("tunix_peer.py")), "sampler"]
-    command += ["--model", str(qwen2), "--prompts", str(prompts)]
-    command += ["--max-new-tokens", str(args.max_new_tokens), "--repeats", "1"]
-    command += ["--eos-ids", ",".join(map(str, end_ids))]
-    out = subprocess.run(command, capture_output=True, text=True)
-    if out.returncode:
-      return {"error": out.stderr[-2000:]}
-  return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def toy_model(dir_: Path):
@@ -458,7 +280,7 @@ def report(row: dict) -> list[str]:
     elif name == "tunix":
       tokens = r["settings"]["batch"] * r["settings"]["cache_size"]
       kv = gib(tokens * row["workload"]["kv_bytes_per_token"])
-    else:
+    else:  # a run from before generate_batch was given its cache
       kv = "not recorded"
     ratio = row["ratios"].get(f"engine_vs_{name}")
     lines.append(
@@ -598,7 +420,7 @@ def main(argv=None):
       "static": lambda: run_ours(model, prompt, mask, args, end_ids, static=True),
       "transformers": lambda: run_transformers(model_dir, prompt, mask, args, end_ids, model.cfg),
       "transformers_continuous_batching": lambda: run_continuous_batching(
-        model_dir, prompts, args, end_ids, model.cfg
+        model_dir, prompts, args, end_ids, model.cfg, pool_bytes(*prompt.shape, args, model.cfg)
       ),
       "tunix": lambda: run_tunix(python, model_dir, prompt, mask, args, end_ids),
     }

@@ -1,0 +1,236 @@
+"""The rollout engine benchmark's measures (useful tokens, length quantiles, KV bytes, one
+timed call) and its peers: `transformers.generate` at its fastest cache and thread setting,
+transformers' continuous batching (`generate_batch`) and tunix's `Sampler` (in its own
+environment, through `tunix_peer.py`). `bench_engine.py` runs them on its workload."""
+
+import contextlib
+import json
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+CALIBRATION_TOKENS = 32
+THREADS = (1, 2)
+
+
+def useful(tokens_BxN, end_ids) -> np.ndarray:
+  """Each row's tokens up to and including its first end id (N when it has none)."""
+  tokens_BxN = np.asarray(tokens_BxN)
+  ends = np.isin(tokens_BxN, list(end_ids))
+  first = np.where(ends.any(1), ends.argmax(1) + 1, tokens_BxN.shape[1])
+  return first
+
+
+def quantiles(lengths) -> dict:
+  q = np.quantile(np.asarray(lengths), [0.1, 0.5, 0.9, 1.0])
+  return {
+    "mean": float(np.mean(lengths)),
+    **{k: float(v) for k, v in zip(("p10", "p50", "p90", "max"), q, strict=True)},
+  }
+
+
+def kv_bytes_per_token(cfg) -> int:
+  return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * jnp.dtype(cfg.dtype).itemsize
+
+
+def timed(fn, warmup=contextlib.nullcontext):
+  """(result, seconds) of one call after a warm-up call made inside `warmup()`."""
+  with warmup():
+    jax.block_until_ready(fn())
+  start = time.perf_counter()
+  out = jax.block_until_ready(fn())
+  return out, time.perf_counter() - start
+
+
+TRANSFORMERS_CACHES = {
+  "dynamic cache": {},
+  "static cache": {"cache_implementation": "static"},
+  "static cache + torch.compile": {"cache_implementation": "static", "compile": True},
+}
+
+
+def _hf_model(model_dir, setting):
+  import torch
+  import transformers
+
+  hf = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+  if setting.get("compile"):
+    hf.forward = torch.compile(hf.forward)
+  return hf
+
+
+def _hf_generate(hf, setting, ids, attn, args, end_ids, new_tokens, stop: bool):
+  import torch
+
+  kwargs = dict(
+    attention_mask=attn,
+    num_return_sequences=args.samples,
+    do_sample=True,
+    temperature=1.0,
+    top_k=0,
+    top_p=1.0,
+    max_new_tokens=new_tokens,
+    pad_token_id=0,
+    eos_token_id=list(end_ids) if stop else None,
+  )
+  if not stop:
+    kwargs["min_new_tokens"] = new_tokens
+  if "cache_implementation" in setting:
+    kwargs["cache_implementation"] = setting["cache_implementation"]
+  with torch.no_grad():
+    return hf.generate(ids, **kwargs)
+
+
+def run_transformers(model_dir, prompt, mask, args, end_ids, cfg) -> dict:
+  """Every cache and thread setting timed on the first CALIBRATION_TOKENS tokens (no early
+  stop, after a warm-up call); the fastest then runs the workload on the same model object,
+  after one more warm-up call of the whole workload only when it compiles (a static cache
+  of the workload's length is a new program)."""
+  import torch
+  import transformers
+
+  ids, attn = torch.from_numpy(np.asarray(prompt)).long(), torch.from_numpy(np.asarray(mask))
+  rows, P = ids.shape[0] * args.samples, ids.shape[1]
+  calibration, models = {}, {}
+  for threads in THREADS:
+    torch.set_num_threads(threads)
+    for label, setting in TRANSFORMERS_CACHES.items():
+      name = f"{label}, {threads} torch threads"
+      try:
+        hf = models[label] = models.get(label) or _hf_model(model_dir, setting)
+        run = lambda hf=hf, setting=setting: _hf_generate(
+          hf, setting, ids, attn, args, end_ids, CALIBRATION_TOKENS, stop=False
+        )
+        _, seconds = timed(run)
+        calibration[name] = rows * CALIBRATION_TOKENS / seconds
+      except Exception as e:  # noqa: BLE001 - a setting CPU cannot run is a result too
+        calibration[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+      print(f"  transformers calibration, {name}: {calibration[name]}")
+  working = {k: v for k, v in calibration.items() if isinstance(v, float)}
+  best = max(working, key=working.get)
+  label, threads = best.rsplit(", ", 1)[0], int(best.rsplit(", ", 1)[1].split()[0])
+  torch.set_num_threads(threads)
+  hf, setting = models[label], TRANSFORMERS_CACHES[label]
+  run = lambda: _hf_generate(hf, setting, ids, attn, args, end_ids, args.max_new_tokens, stop=True)
+  if setting.get("compile"):  # a static cache of a new length is compiled again: warm it up
+    tokens, seconds = timed(run)
+  else:  # eager: the calibration's two calls on this model and batch were its warm-up
+    start = time.perf_counter()
+    tokens = run()
+    seconds = time.perf_counter() - start
+  lengths = useful(tokens[:, P:].numpy(), end_ids)
+  width = tokens.shape[1] if label == "dynamic cache" else P + args.max_new_tokens
+  return {
+    "setting": best,
+    "calibration_tokens_per_s": calibration,
+    "tokens_per_s": float(lengths.sum()) / seconds,
+    "seconds": seconds,
+    "useful_tokens": int(lengths.sum()),
+    "lengths": quantiles(lengths),
+    "peak_kv_bytes": rows * width * kv_bytes_per_token(cfg),
+    "versions": f"transformers {transformers.__version__}, torch {torch.__version__}",
+  }
+
+
+CB_SETTINGS = {  # (tokens a page, tokens a batch): the engine's pages, and transformers'
+  "pages of 16, 128 tokens a batch": (16, 128),
+  "pages of 16, 512 tokens a batch": (16, 512),
+  "pages of 256, 512 tokens a batch": (256, 512),
+}
+CB_CALIBRATION_PROMPTS = 16
+
+
+def run_continuous_batching(model_dir, prompts, args, end_ids, cfg, kv_bytes: int) -> dict:
+  """transformers' `generate_batch` (continuous batching with a paged cache) with a cache of
+  `kv_bytes`, the engine's pool. Not its default: on a CPU that sizes the cache at 60% of
+  the free RAM, and every step's attention then spans it (a call takes minutes on a toy
+  model). Each of `CB_SETTINGS` at 2 torch threads, then the fastest at 1, is timed on the
+  first 16 prompts' first 32 tokens after a warm-up call; the fastest runs the workload,
+  the calibration having warmed it up (eager torch compiles nothing)."""
+  import torch
+  import transformers
+
+  out = {"versions": f"transformers {transformers.__version__}, torch {torch.__version__}"}
+  sampling = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, pad_token_id=0)
+  sampling |= dict(eos_token_id=list(end_ids), num_return_sequences=args.samples)
+  calibrate = transformers.GenerationConfig(max_new_tokens=CALIBRATION_TOKENS, **sampling)
+  config = transformers.GenerationConfig(max_new_tokens=args.max_new_tokens, **sampling)
+  hf = _hf_model(model_dir, {})
+
+  def cache(label):
+    page, batch_tokens = CB_SETTINGS[label]
+    blocks = kv_bytes // (page * kv_bytes_per_token(cfg))
+    return transformers.ContinuousBatchingConfig(
+      page_size=page, num_blocks=blocks, max_batch_tokens=batch_tokens
+    ), blocks * page * kv_bytes_per_token(cfg)
+
+  def tokens_per_s(label, threads):
+    torch.set_num_threads(threads)
+    cb = cache(label)[0]
+    run = lambda: hf.generate_batch(
+      prompts[:CB_CALIBRATION_PROMPTS], generation_config=calibrate, continuous_batching_config=cb
+    )
+    result, seconds = timed(run)
+    return sum(len(r.generated_tokens) for r in result.values()) / seconds
+
+  calibration = {}
+  for label, threads in [*((label, 2) for label in CB_SETTINGS), (None, 1)]:
+    if label is None:  # the fastest setting at 2 threads, at 1
+      working = {k: v for k, v in calibration.items() if isinstance(v, float)}
+      if not working:
+        return out | {"calibration_tokens_per_s": calibration, "error": "every setting failed"}
+      label = max(working, key=working.get).rsplit(", ", 1)[0]
+    name = f"{label}, {threads} torch threads"
+    try:
+      calibration[name] = tokens_per_s(label, threads)
+    except Exception as e:  # noqa: BLE001 - a failure is reported, not hidden
+      calibration[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+    print(f"  transformers generate_batch calibration, {name}: {calibration[name]}")
+  working = {k: v for k, v in calibration.items() if isinstance(v, float)}
+  best = max(working, key=working.get)
+  label, threads = best.rsplit(", ", 1)[0], int(best.rsplit(", ", 1)[1].split()[0])
+  torch.set_num_threads(threads)
+  cb, allocated = cache(label)
+  start = time.perf_counter()
+  result = hf.generate_batch(prompts, generation_config=config, continuous_batching_config=cb)
+  seconds = time.perf_counter() - start
+  lengths = np.array([len(r.generated_tokens) for r in result.values()])
+  return out | {
+    "setting": best,
+    "calibration_tokens_per_s": calibration,
+    "tokens_per_s": float(lengths.sum()) / seconds,
+    "seconds": seconds,
+    "useful_tokens": int(lengths.sum()),
+    "lengths": quantiles(lengths),
+    "peak_kv_bytes": allocated,
+  }
+
+
+def run_tunix(python, model_dir, prompt, mask, args, end_ids) -> dict:
+  """tunix's sampler on the same weights (as a Qwen2 with zero q/k/v biases), the prompts
+  repeated `samples` times, stopping at the end id."""
+  from experiments.benchmarks.bench_smollm2 import as_qwen2
+
+  with tempfile.TemporaryDirectory() as tmp:
+    qwen2 = (
+      as_qwen2(Path(model_dir), Path(tmp) / "qwen2") if args.model_kind == "smollm2" else model_dir
+    )
+    prompts = Path(tmp) / "prompts.npz"
+    np.savez(
+      prompts,
+      tokens=np.repeat(np.asarray(prompt), args.samples, 0),
+      mask=np.repeat(np.asarray(mask), args.samples, 0),
+    )
+    command = [python, str(Path(__file__).with_name("tunix_peer.py")), "sampler"]
+    command += ["--model", str(qwen2), "--prompts", str(prompts)]
+    command += ["--max-new-tokens", str(args.max_new_tokens), "--repeats", "1"]
+    command += ["--eos-ids", ",".join(map(str, end_ids))]
+    out = subprocess.run(command, capture_output=True, text=True)
+    if out.returncode:
+      return {"error": out.stderr[-2000:]}
+  return json.loads(out.stdout.strip().splitlines()[-1])

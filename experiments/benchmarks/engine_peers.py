@@ -147,11 +147,12 @@ CB_CALIBRATION_PROMPTS = 16
 
 def run_continuous_batching(model_dir, prompts, args, end_ids, cfg, kv_bytes: int) -> dict:
   """transformers' `generate_batch` (continuous batching with a paged cache) with a cache of
-  `kv_bytes`, the engine's pool. Not its default: on a CPU that sizes the cache at 60% of
-  the free RAM, and every step's attention then spans it (a call takes minutes on a toy
-  model). Each of `CB_SETTINGS` at 2 torch threads, then the fastest at 1, is timed on the
-  first 16 prompts' first 32 tokens after a warm-up call; the fastest runs the workload,
-  the calibration having warmed it up (eager torch compiles nothing)."""
+  `kv_bytes`, the engine's pool. Not its default: on a CPU that sizes the cache at 60% of the
+  free RAM, and every step's attention then spans it (a call took over a minute on the toy
+  model, against seconds with a cache its size). Each of `CB_SETTINGS` at 2 torch threads,
+  then the fastest at 1, is timed on the first 16 prompts' first 32 tokens after a warm-up
+  call; the fastest runs the workload, the calibration having warmed it up (eager torch
+  compiles nothing)."""
   import torch
   import transformers
 

@@ -12,9 +12,9 @@ template) x 8 samples at temperature 1.0, up to 512 new tokens; every row stops 
 end id (<|im_end|>), so lengths run from a few tokens to the limit. float32. The figure is
 useful tokens per second: each row's tokens up to and including its end (all N when it has
 none), over the wall time of one whole call after warm-up (for the JAX samplers, compiling
-the call's program without running it, `compile_only`; for tunix and any compiled torch
-setting, a whole warm-up call, which compiles; for eager torch, the calibration's calls on
-the same model and batch). Each system draws its own samples, so its
+the call's program without running it, `compile_only`, and for tunix its decode loop's;
+for a compiled torch setting, a whole warm-up call, which compiles; for eager torch, the
+calibration's calls on the same model and batch). Each system draws its own samples, so its
 length quantiles are printed beside it.
 
 Systems:

@@ -230,6 +230,7 @@ def run_tunix(python, model_dir, prompt, mask, args, end_ids) -> dict:
     command = [python, str(Path(__file__).with_name("tunix_peer.py")), "sampler"]
     command += ["--model", str(qwen2), "--prompts", str(prompts)]
     command += ["--max-new-tokens", str(args.max_new_tokens), "--repeats", "1"]
+    command += ["--warmup", "compile"]  # as the JAX samplers: compiled, not a whole workload
     command += ["--eos-ids", ",".join(map(str, end_ids))]
     out = subprocess.run(command, capture_output=True, text=True)
     if out.returncode:

@@ -13,8 +13,10 @@ directory, and print one JSON object on the last stdout line.
 
 sampler: tunix's `Sampler` (the engine of its vanilla rollout), batch 16, prompts as in
   `P.npz` (`tokens` int32 [B, P], `mask` bool [B, P], left-padded), P + N cache slots,
-  temperature 1 with no top-k / top-p filtering, no early stop. tokens/s = B * N / the
-  median wall time of a whole `Sampler.__call__` (after one warm-up call).
+  temperature 1 with no top-k / top-p filtering, no early stop (`--eos-ids`: each row stops
+  at its end ids). tokens/s = useful tokens / the median wall time of a whole
+  `Sampler.__call__` after one warm-up call (`--warmup compile`: a warm-up call whose decode
+  loop is compiled and not run, as the JAX samplers' warm-up in bench_engine).
 grpo: tunix's `RLCluster` + `GRPOLearner`, vanilla rollout, one CPU device as a 1x1
   (fsdp, tp) mesh with actor, rollout and reference colocated; 16 prompts x 8 samples,
   16 new tokens, temperature 1, beta 0.04, one optimizer step per generation batch.
@@ -23,6 +25,7 @@ grpo: tunix's `RLCluster` + `GRPOLearner`, vanilla rollout, one CPU device as a 
 """
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -205,6 +208,24 @@ def unused_id(tokens, mask, vocab_size: int) -> int:
   return int(free[0])
 
 
+@contextlib.contextmanager
+def compile_only_decode(sampler):
+  """Within it, `sampler`'s jitted decode loop is compiled and not run: a call prefills and
+  returns its state as prefilled. The next call with the same shapes runs the executable
+  compiled here, so a warm-up costs the compilation and not a whole workload."""
+  jitted = sampler._compiled_decode_fn
+
+  def only(params, state):
+    jitted.lower(params, state).compile()
+    return state
+
+  sampler._compiled_decode_fn = only
+  try:
+    yield
+  finally:
+    sampler._compiled_decode_fn = jitted
+
+
 def run_sampler(args) -> dict:
   model_dir = Path(args.model)
   dtype = jnp.dtype(args.dtype)
@@ -250,7 +271,8 @@ def run_sampler(args) -> dict:
   )
 
   for _ in range(SAMPLER_WARMUP):
-    out = sampler(**call)
+    with compile_only_decode(sampler) if args.warmup == "compile" else contextlib.nullcontext():
+      out = sampler(**call)
   seconds = []
   for _ in range(args.repeats):
     start = time.perf_counter()
@@ -302,6 +324,9 @@ def run_sampler(args) -> dict:
       "seed": 0,
       "tokenizer": "IdTokenizer: ids as decimal text, encode/decode are split/join",
       "warmup_calls": SAMPLER_WARMUP,
+      "warmup": (
+        "the decode loop compiled, not run" if args.warmup == "compile" else "whole calls"
+      ),
       "repeats": args.repeats,
       "timed": (
         "one whole Sampler.__call__: text->ids, left padding, state and KV-cache init, "
@@ -594,6 +619,10 @@ def main(argv=None):
   s.add_argument("--repeats", type=int, default=3)
   s.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
   s.add_argument("--eos-ids", default="", help="ids that end a row (comma list); default none")
+  s.add_argument(
+    "--warmup", default="call", choices=["call", "compile"],
+    help="the warm-up: a whole call, or a call whose decode loop is compiled and not run",
+  )  # fmt: skip
   g = commands.add_parser("grpo", help="tunix GRPOLearner s/iteration")
   g.add_argument("--model", required=True, help="HF directory written by save_model")
   g.add_argument("--steps", type=int, default=12, help="timed iterations, after the warm-up")

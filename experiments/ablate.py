@@ -246,6 +246,7 @@ def plot(results: dict, suite: Suite, out: Path) -> list[str]:
       ("accuracy", "eval_curve", "RL step", "held-out greedy accuracy"),
       ("accuracy_time", "eval_curve_seconds", "training seconds", "held-out greedy accuracy"),
       ("accuracy_samples", "eval_curve_samples", "completions sampled", "held-out greedy accuracy"),
+      ("accuracy_gain", "eval_curve", "RL step", "held-out accuracy minus the run's start"),
       ("length", "length_curve", "RL step", "mean response length (tokens, training samples)"),
       ("length_wrong", "length_wrong_curve", "RL step", "length of wrong training samples"),
       ("entropy", "entropy_curve", "RL step", "entropy per token (training samples)"),
@@ -260,6 +261,8 @@ def plot(results: dict, suite: Suite, out: Path) -> list[str]:
         n = min(len(c) for c in curves)
         steps = np.array([[p[0] for p in c[:n]] for c in curves], float).mean(0)  # seconds vary
         values = np.array([[p[1] for p in c[:n]] for c in curves], float)
+        if kind == "accuracy_gain":  # each seed's own warm start taken out: the method's effect
+          values -= values[:, :1]
         ax.plot(steps, values.mean(0), label=method, color=colors[method])
         if len(curves) > 1:
           ax.fill_between(steps, values.min(0), values.max(0), alpha=0.15, color=colors[method])

@@ -99,7 +99,7 @@ def test_report_has_a_table_per_task_and_plots(tmp_path):
   assert "| ppo | 0.405 ± 0.064 | 4 (2/2) |" in text  # mean of 0.40, 0.41; t(1 dof)=12.706
   assert "| grpo | 0.205 ± 0.064 | 4 (2/2) |" in text  # both reach t1's target 0.2 at step 4
   assert "| grpo | 0.205 ± 0.064 | – (0/2) |" in text  # neither reaches t2's 0.3
-  kinds = ("accuracy", "accuracy_time", "accuracy_samples", "length")
+  kinds = ("accuracy", "accuracy_time", "accuracy_samples", "accuracy_gain", "length")
   for name in (f"{task}_{kind}.png" for task in ("t1", "t2") for kind in kinds):
     assert (out / name).stat().st_size > 1000 and f"({name})" in text
   assert "grid wall time 1.0 min (1 run at a time)." in text

@@ -130,14 +130,16 @@ def test_the_report_covers_every_system_from_the_latest_runs(monkeypatch):
     "workload": {"page_size": 16, "kv_bytes_per_token": 8}, "engine": system(engine) | {
       "slots": 4}, **{k: system(v) | {"peak_kv_bytes": 8} for k, v in peers.items()},
   }  # fmt: skip
+  other = row("2026-12-02", 10.0, tunix=1.0) | {"workload": {"max_new_tokens": 64}}
   rows = [
-    row("2026-12-01", 100.0, static=50.0, transformers=20.0),  # replaced by the third
+    row("2026-12-01", 100.0, static=50.0, transformers=20.0),  # replaced by the fourth
     row("2026-12-02", 90.0, transformers_continuous_batching=30.0, tunix=45.0),
+    other,  # a later tunix figure, of another workload: not the last run's to quote
     row("2026-12-03", 120.0, static=60.0, transformers=30.0),
-    {"model": "toy (random init)"},  # toy runs are CI's, never reported
   ]
-  for r in rows[:3]:
+  for r in rows:
     r["ratios"] = bench_engine.ratios(r)
+  rows.append({"model": "toy (random init)"})  # toy runs are CI's, never reported
   monkeypatch.setattr(bench_engine, "read_results", lambda name: rows)
   assert [r["date"] for r in bench_engine.committed_runs()] == ["2026-12-02", "2026-12-03"]
   lines = bench_engine.committed_report()

@@ -302,11 +302,12 @@ def report(row: dict) -> list[str]:
 
 def committed_runs() -> list[dict]:
   """The latest committed runs on the real model that together measured every system: the
-  last run, and earlier ones only for the systems it left out (each ratio comes from one
-  run, whose engine was measured beside that peer)."""
+  last run, and earlier ones of the same workload only for the systems it left out (each
+  ratio comes from one run, whose engine was measured beside that peer)."""
   rows = [r for r in read_results("bench_engine") if not r["model"].startswith("toy")]
   if not rows:
     raise SystemExit("results/bench_engine.jsonl holds no run on the real model yet.")
+  rows = [r for r in rows if r["workload"] == rows[-1]["workload"]]
   runs, missing = [], set(PEERS)
   for row in reversed(rows):
     if missing & set(row):

@@ -271,3 +271,18 @@ def test_soak_figures_are_its_committed_result():
     text = " ".join(page.read_text().split())
     assert f"{n} faults survived" in text or f"survived all {n} faults" in text, page
     assert f"{kills} SIGKILL, {n - kills} SIGTERM" in text, page
+
+
+def test_rollout_engine_figures_are_the_committed_runs():
+  """The README's rollout-engine row quotes the engine's ratio over every peer of the runs
+  `bench_engine --report` combines, and the static bound; docs/benchmarks.md holds that
+  report."""
+  from experiments.benchmarks import bench_engine
+
+  row = next(line for line in README.read_text().splitlines() if "| the rollout engine on" in line)
+  for run in bench_engine.committed_runs():
+    for ratio in run["ratios"].values():
+      assert f"{ratio:.2f}x" in row
+    if "decode_steps" in run.get("static", {}):
+      assert f"{bench_engine.static_bound(run):.2f}x" in row
+  assert "\n".join(bench_engine.committed_report()) in (DOCS / "benchmarks.md").read_text()

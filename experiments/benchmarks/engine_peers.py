@@ -34,6 +34,14 @@ def quantiles(lengths) -> dict:
   }
 
 
+def measured(lengths, seconds: float) -> dict:
+  """Useful tokens per second, the seconds, the useful tokens and their quantiles."""
+  lengths = np.asarray(lengths)
+  total = int(lengths.sum())
+  return {"tokens_per_s": total / seconds, "seconds": seconds, "useful_tokens": total,
+          "lengths": quantiles(lengths)}  # fmt: skip
+
+
 def kv_bytes_per_token(cfg) -> int:
   return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * jnp.dtype(cfg.dtype).itemsize
 
@@ -86,6 +94,14 @@ def _hf_generate(hf, setting, ids, attn, args, end_ids, new_tokens, stop: bool):
     return hf.generate(ids, **kwargs)
 
 
+def _fastest(calibration: dict) -> tuple[str, str, int]:
+  """The fastest setting that ran: its name ("<label>, <n> torch threads"), label and n."""
+  working = {k: v for k, v in calibration.items() if isinstance(v, float)}
+  best = max(working, key=working.get)
+  label, threads = best.rsplit(", ", 1)
+  return best, label, int(threads.split()[0])
+
+
 def run_transformers(model_dir, prompt, mask, args, end_ids, cfg) -> dict:
   """Every cache and thread setting timed on the first CALIBRATION_TOKENS tokens (no early
   stop, after a warm-up call); the fastest then runs the workload on the same model object,
@@ -111,9 +127,7 @@ def run_transformers(model_dir, prompt, mask, args, end_ids, cfg) -> dict:
       except Exception as e:  # noqa: BLE001 - a setting CPU cannot run is a result too
         calibration[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
       print(f"  transformers calibration, {name}: {calibration[name]}")
-  working = {k: v for k, v in calibration.items() if isinstance(v, float)}
-  best = max(working, key=working.get)
-  label, threads = best.rsplit(", ", 1)[0], int(best.rsplit(", ", 1)[1].split()[0])
+  best, label, threads = _fastest(calibration)
   torch.set_num_threads(threads)
   hf, setting = models[label], TRANSFORMERS_CACHES[label]
   run = lambda: _hf_generate(hf, setting, ids, attn, args, end_ids, args.max_new_tokens, stop=True)
@@ -128,10 +142,7 @@ def run_transformers(model_dir, prompt, mask, args, end_ids, cfg) -> dict:
   return {
     "setting": best,
     "calibration_tokens_per_s": calibration,
-    "tokens_per_s": float(lengths.sum()) / seconds,
-    "seconds": seconds,
-    "useful_tokens": int(lengths.sum()),
-    "lengths": quantiles(lengths),
+    **measured(lengths, seconds),
     "peak_kv_bytes": rows * width * kv_bytes_per_token(cfg),
     "versions": f"transformers {transformers.__version__}, torch {torch.__version__}",
   }
@@ -192,9 +203,7 @@ def run_continuous_batching(model_dir, prompts, args, end_ids, cfg, kv_bytes: in
     except Exception as e:  # noqa: BLE001 - a failure is reported, not hidden
       calibration[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
     print(f"  transformers generate_batch calibration, {name}: {calibration[name]}")
-  working = {k: v for k, v in calibration.items() if isinstance(v, float)}
-  best = max(working, key=working.get)
-  label, threads = best.rsplit(", ", 1)[0], int(best.rsplit(", ", 1)[1].split()[0])
+  best, label, threads = _fastest(calibration)
   torch.set_num_threads(threads)
   cb, allocated = cache(label)
   start = time.perf_counter()
@@ -204,10 +213,7 @@ def run_continuous_batching(model_dir, prompts, args, end_ids, cfg, kv_bytes: in
   return out | {
     "setting": best,
     "calibration_tokens_per_s": calibration,
-    "tokens_per_s": float(lengths.sum()) / seconds,
-    "seconds": seconds,
-    "useful_tokens": int(lengths.sum()),
-    "lengths": quantiles(lengths),
+    **measured(lengths, seconds),
     "peak_kv_bytes": allocated,
   }
 

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from experiments.benchmarks import bench_engine
+from experiments.benchmarks import bench_engine, common
 from experiments.lib import provenance
 
 
@@ -52,7 +52,7 @@ def _fake_runs(monkeypatch, tmp_path, fail_static: bool):
             "peak_kv_bytes": 1024, **steps}  # fmt: skip
 
   monkeypatch.setattr(bench_engine, "run_ours", run_ours)
-  monkeypatch.setattr(bench_engine, "RESULTS", tmp_path)
+  monkeypatch.setattr(common, "RESULTS", tmp_path)
   monkeypatch.setattr(bench_engine, "PARTIAL", tmp_path / "partial.json")
   return calls
 

@@ -63,9 +63,10 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from experiments.benchmarks.common import RESULTS, read_results, write_jsonl  # noqa: E402
+from experiments.benchmarks.common import read_results, write_results  # noqa: E402
 from experiments.benchmarks.engine_peers import (  # noqa: E402
   kv_bytes_per_token,
+  measured,
   quantiles,
   run_continuous_batching,
   run_transformers,
@@ -184,10 +185,7 @@ def run_ours(model, prompt, mask, args, end_ids, static: bool) -> dict:
     extra = {"decode_steps": int(stats.decode_steps), "prefill_passes": int(stats.prefill_passes)}
     extra["slots"] = args.slots
   return {
-    "tokens_per_s": float(lengths.sum()) / seconds,
-    "seconds": seconds,
-    "useful_tokens": int(lengths.sum()),
-    "lengths": quantiles(lengths),
+    **measured(lengths, seconds),
     "truncated": float(np.mean(np.asarray(out.truncated_B))),
     **kv,
     **extra,
@@ -440,7 +438,7 @@ def main(argv=None):
     results["resumed_from"] = stamps[:-1]
   print("\n".join(report(results)))
   if not args.no_write:
-    print(f"wrote {write_jsonl(RESULTS / 'bench_engine.jsonl', stamps[-1] | results)}")
+    print(f"wrote {write_results('bench_engine', results, stamp=stamps[-1])}")
     PARTIAL.unlink(missing_ok=True)
   return results
 

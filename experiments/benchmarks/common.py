@@ -39,9 +39,10 @@ def write_jsonl(path, row: dict) -> Path:
   return path
 
 
-def write_results(name: str, results: dict) -> Path:
-  """Appends `results`, stamped with date, machine and commit, to results/<name>.jsonl."""
-  return write_jsonl(RESULTS / f"{name}.jsonl", provenance.stamp() | results)
+def write_results(name: str, results: dict, stamp: dict | None = None) -> Path:
+  """Appends `results`, stamped with date, machine and commit (now, or `stamp`: those taken
+  when the run started), to results/<name>.jsonl."""
+  return write_jsonl(RESULTS / f"{name}.jsonl", (stamp or provenance.stamp()) | results)
 
 
 def read_results(name: str) -> list[dict]:

@@ -176,10 +176,11 @@ def run_continuous_batching(model_dir, prompts, args, end_ids, cfg, kv_bytes: in
 
   def cache(label):
     page, batch_tokens = CB_SETTINGS[label]
-    blocks = kv_bytes // (page * kv_bytes_per_token(cfg))
+    page_bytes = page * kv_bytes_per_token(cfg)
+    blocks = kv_bytes // page_bytes
     return transformers.ContinuousBatchingConfig(
       page_size=page, num_blocks=blocks, max_batch_tokens=batch_tokens
-    ), blocks * page * kv_bytes_per_token(cfg)
+    ), blocks * page_bytes
 
   def tokens_per_s(label, threads):
     torch.set_num_threads(threads)
@@ -191,18 +192,20 @@ def run_continuous_batching(model_dir, prompts, args, end_ids, cfg, kv_bytes: in
     return sum(len(r.generated_tokens) for r in result.values()) / seconds
 
   calibration = {}
-  for label, threads in [*((label, 2) for label in CB_SETTINGS), (None, 1)]:
-    if label is None:  # the fastest setting at 2 threads, at 1
-      working = {k: v for k, v in calibration.items() if isinstance(v, float)}
-      if not working:
-        return out | {"calibration_tokens_per_s": calibration, "error": "every setting failed"}
-      label = max(working, key=working.get).rsplit(", ", 1)[0]
+
+  def calibrate_at(label, threads):
     name = f"{label}, {threads} torch threads"
     try:
       calibration[name] = tokens_per_s(label, threads)
     except Exception as e:  # noqa: BLE001 - a failure is reported, not hidden
       calibration[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
     print(f"  transformers generate_batch calibration, {name}: {calibration[name]}")
+
+  for label in CB_SETTINGS:
+    calibrate_at(label, 2)
+  if not any(isinstance(v, float) for v in calibration.values()):
+    return out | {"calibration_tokens_per_s": calibration, "error": "every setting failed"}
+  calibrate_at(_fastest(calibration)[1], 1)  # the fastest setting at 2 threads, at 1
   best, label, threads = _fastest(calibration)
   torch.set_num_threads(threads)
   cb, allocated = cache(label)

@@ -2,6 +2,7 @@
 checkpoints and export."""
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -17,19 +18,20 @@ from helpers import (
   assert_bitwise_equal,
   make_learner,
   one_batch,
+  run_cli,
   run_killed,
   small_config,
+  subprocess_env,
 )
 from safetensors.numpy import load_file, save_file
 
-import experiments.configs.default
 from jaxrl_llm import core
 from jaxrl_llm import export as export_lib
 from jaxrl_llm.models import load_model
 from jaxrl_llm.models import lora as lora_lib
 from jaxrl_llm.models.sharding import make_mesh, shard_params
 from jaxrl_llm.rollout import generate
-from jaxrl_llm.train import ConfigError, from_config_dict, train
+from jaxrl_llm.train import ConfigError, train
 from jaxrl_llm.train import step as step_lib
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -342,22 +344,28 @@ def test_lora_grpo_learns_the_default_task(tmp_path):
   a 2-core AMD EPYC, gains of +0.55 to +0.76 in 1500 steps, also with XLA's CPU code capped
   at AVX2 and with single-threaded Eigen), so each of 3 seeds is evaluated every 250 of its
   1500 steps, and 2 of the 3 must reach 0.15 above their start at some evaluation
-  (experiments/results/lora_default_run.jsonl has the 3000-step run)."""
+  (experiments/results/lora_default_run.jsonl has the 3000-step run). Each seed is the
+  README's main command in a subprocess at XLA's default optimisation level: 1500 steps run
+  about 3x faster there than at the suite's level 0, which saves far more than the few
+  programs' slower compiles."""
+  env = dict(subprocess_env(), XLA_FLAGS="")
   reached = []
   for seed in range(3):
-    c = experiments.configs.default.get_config()
-    c.lora.update(rank=16, alpha=32.0)
-    c.optim.update(learning_rate=1e-3, warmup_steps=100)
-    c.run.update(
-      steps=1500, seed=seed, eval_examples=256, eval_every=250, progress=False,
-      loggers="jsonl", workdir=str(tmp_path / f"seed{seed}"),
-    )  # fmt: skip
-    c.run.peak_flops_per_device = 1e13  # MFU's reference, so no timing of this host matters
-    c.checkpoint.update(every=0)
-    summary = train(from_config_dict(c), devices=jax.devices()[:1])
-    rows = [json.loads(line) for line in open(summary["metrics"])]
+    workdir = tmp_path / f"seed{seed}"
+    flags = [
+      "--config.lora.rank=16", "--config.lora.alpha=32", "--config.optim.learning_rate=1e-3",
+      "--config.optim.warmup_steps=100", "--config.run.steps=1500", f"--config.run.seed={seed}",
+      "--config.run.eval_examples=256", "--config.run.eval_every=250",
+      "--config.run.progress=False", "--config.run.loggers=jsonl",
+      f"--config.run.workdir={workdir}", "--config.checkpoint.every=0",
+      "--config.run.peak_flops_per_device=1e13",  # MFU's reference: no timing of this host
+    ]  # fmt: skip
+    result = run_cli(*flags, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    before = float(re.search(r"heldout_accuracy before=([0-9.]+)", result.stdout).group(1))
+    rows = [json.loads(line) for line in (workdir / "metrics.jsonl").open()]
     best = max(r["eval/heldout_accuracy"] for r in rows if "eval/heldout_accuracy" in r)
-    reached.append(best - summary["heldout_accuracy_before"] >= 0.15)
+    reached.append(best - before >= 0.15)
     if sum(reached) >= 2:  # decided: a third seed could not change the verdict
       break
   assert sum(reached) >= 2, reached

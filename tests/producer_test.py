@@ -1,7 +1,7 @@
 """Rollout producers: on-policy and off-policy staleness, the sampler's log-probs as the
 behaviour policy, and runs (on-policy, off-policy with dynamic sampling drawing from the same
-prompt stream, asynchronous) that resume bitwise after kill -9, between steps and in the
-middle of a rollout, with rollouts in flight."""
+prompt stream, asynchronous) that resume bitwise after kill -9 in the middle of a rollout,
+with rollouts in flight, or after SIGTERM."""
 
 import json
 from pathlib import Path
@@ -53,18 +53,6 @@ def test_rollouts_are_at_most_off_policy_steps_old(tmp_path, ahead, staleness):
     assert min(stale) > 100 * max(fresh)  # older params sampled them: a measurable gap
 
 
-@pytest.mark.slow
-def test_off_policy_kill_9_then_resume_equals_uninterrupted_run(tmp_path):
-  ref = train(small_config(tmp_path / "ref", **OFF_POLICY))
-  cfg = small_config(tmp_path / "killed", **OFF_POLICY)
-  run_killed(cfg, "after-step", N + 1, tmp_path)  # dies after step N+1, last checkpoint N
-  resumed = train(cfg)
-  assert resumed["resumed_from"] == N
-  assert_bitwise_equal(params(resumed), params(ref))
-  assert metric_rows(tmp_path / "killed") == metric_rows(tmp_path / "ref")
-  assert any(r["rollout/dynamic_extra_rounds"] for r in metric_rows(tmp_path / "ref"))
-
-
 ASYNC = ENGINE | {
   "rollout.mode": "async",
   "rollout.sampler_devices": 4,
@@ -96,17 +84,6 @@ def test_async_on_4_plus_4_devices_equals_sync_off_policy_on_4(tmp_path, lora):
   assert metric_rows(tmp_path / "async") == metric_rows(tmp_path / "sync")
 
 
-@pytest.mark.slow
-def test_async_kill_9_then_resume_equals_uninterrupted_run(tmp_path):
-  ref = train(small_config(tmp_path / "ref", **ASYNC))
-  cfg = small_config(tmp_path / "killed", **ASYNC)
-  run_killed(cfg, "after-step", N + 1, tmp_path)
-  resumed = train(cfg)
-  assert resumed["resumed_from"] == N
-  assert_bitwise_equal(params(resumed), params(ref))
-  assert metric_rows(tmp_path / "killed") == metric_rows(tmp_path / "ref")
-
-
 MODES = {
   "sync": ENGINE,
   "off_policy": OFF_POLICY,
@@ -129,6 +106,8 @@ def test_kill_9_mid_rollout_then_resume_equals_uninterrupted_run(tmp_path, mode)
   assert resumed["resumed_from"] == N
   assert_bitwise_equal(params(resumed), params(ref))
   assert metric_rows(tmp_path / "killed") == metric_rows(tmp_path / "ref")
+  if mode == "off_policy":  # its dynamic-sampling rounds drew prompts between dispatches
+    assert any(r["rollout/dynamic_extra_rounds"] for r in metric_rows(tmp_path / "ref"))
 
 
 @pytest.mark.slow

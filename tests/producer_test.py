@@ -25,8 +25,6 @@ OFF_POLICY = ENGINE | {
   "rollout.off_policy_steps": 2,
   "rollout.dynamic_sampling": True,  # its extra rounds draw prompts between dispatches
   "algo.correction": "token_tis",
-  "run.steps": 2 * N,
-  "checkpoint.every": N,
 }
 
 

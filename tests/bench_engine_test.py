@@ -37,6 +37,25 @@ def test_report_rows_come_from_the_run():
   assert lines[-1].startswith("The static sampler decoded 5.12 row-steps per useful token")
 
 
+def test_an_unfinished_generate_batch_is_reported_with_its_finished_rows():
+  lengths = {"mean": 100.0, "p10": 5.0, "p50": 80.0, "p90": 512.0, "max": 512.0}
+  row = {
+    "workload": {"prompts": 2, "samples": 4, "page_size": 16, "kv_bytes_per_token": 1024},
+    "engine": {"tokens_per_s": 200.0, "seconds": 4.0, "lengths": lengths, "slots": 8,
+               "peak_kv_bytes": 2**20, "pool_kv_bytes": 2**31},
+    "transformers_continuous_batching": {
+      "setting": "pages of 16, 2 torch threads", "peak_kv_bytes": 2**31,
+      "unfinished": {"limit_s": 60.0, "seconds": 60.4, "finished_rows": 3, "rows": 8,
+                     "finished_useful_tokens": 40}},
+  }  # fmt: skip
+  row["ratios"] = bench_engine.ratios(row)
+  assert row["ratios"] == {}  # no rate, so no ratio
+  assert bench_engine.report(row)[3] == (
+    "| transformers `generate_batch` (continuous batching) | pages of 16, 2 torch threads "
+    "| unfinished | stopped at 60 | 3 of 8 rows had finished | 2.00 GiB | |"
+  )
+
+
 def _fake_runs(monkeypatch, tmp_path, fail_static: bool):
   """bench_engine.main with its samplers replaced by counted stand-ins, writing under
   `tmp_path`; the static sampler raises when `fail_static` (an interrupted run)."""

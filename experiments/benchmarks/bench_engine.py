@@ -27,7 +27,9 @@ Systems:
 - transformers' own continuous batching (`generate_batch`), where the installed version has
   it (its failure is printed otherwise), with a paged cache of the engine's pool bytes: a
   few page and batch sizes at 1 and 2 threads timed on a calibration slice, the fastest
-  running the workload (`engine_peers.run_continuous_batching`);
+  running the workload (`engine_peers.run_continuous_batching`); stopped after
+  `--cb-limit-s` seconds (an hour by default) and recorded as unfinished, with the rows it
+  had finished;
 - tunix's `Sampler` (its own environment, `.venv-tunix`), prompts repeated 8 times.
 The engine runs every time; `--peers` names the others (all by default). A run of every
 system takes hours on a 2-core CPU, most of it in transformers' two samplers; where that is
@@ -245,6 +247,10 @@ def static_bound(results: dict) -> float:
   return w["prompts"] * w["samples"] * st["decode_steps"] / st["useful_tokens"]
 
 
+def _seconds(s: float) -> str:
+  return f"{s:.{0 if s >= 10 else 2}f}"
+
+
 def report(row: dict) -> list[str]:
   """A markdown table of one run: each system's setting, useful tokens/s, length quantiles,
   peak KV and the engine's ratio over it."""
@@ -257,6 +263,13 @@ def report(row: dict) -> list[str]:
   for name, label in SYSTEMS.items():
     r = row.get(name)
     if not isinstance(r, dict):
+      continue
+    if "unfinished" in r:
+      u = r["unfinished"]
+      lines.append(
+        f"| {label} | {r['setting']} | unfinished | stopped at {_seconds(u['seconds'])} "
+        f"| {u['finished_rows']} of {u['rows']} rows had finished | {gib(r['peak_kv_bytes'])} | |"
+      )
       continue
     if "tokens_per_s" not in r:
       lines.append(f"| {label} | failed: {str(r.get('error', ''))[:120]} | | | | | |")
@@ -282,7 +295,7 @@ def report(row: dict) -> list[str]:
       kv = "not recorded"
     ratio = row["ratios"].get(f"engine_vs_{name}")
     lines.append(
-      f"| {label} | {setting} | {r['tokens_per_s']:.1f} | {seconds:.{0 if seconds >= 10 else 2}f} "
+      f"| {label} | {setting} | {r['tokens_per_s']:.1f} | {_seconds(seconds)} "
       f"| {q['mean']:.0f}, {q['p10']:.0f}, {q['p50']:.0f}, {q['p90']:.0f}, {q['max']:.0f} "
       f"| {kv} | {f'{ratio:.2f}x' if ratio else ''} |"
     )
@@ -363,6 +376,10 @@ def main(argv=None):
     help="comma-separated systems to measure the engine against: " + ", ".join(OPTIONS),
   )  # fmt: skip
   parser.add_argument("--tunix-python", default=None, help="python of the tunix environment")
+  parser.add_argument(
+    "--cb-limit-s", type=float, default=3600.0,
+    help="seconds after which transformers' generate_batch is stopped and recorded unfinished",
+  )  # fmt: skip
   parser.add_argument("--no-write", action="store_true", help="print only")
   parser.add_argument("--report", action="store_true", help="the last committed run's table")
   parser.add_argument(

@@ -163,7 +163,8 @@ def run_continuous_batching(model_dir, prompts, args, end_ids, cfg, kv_bytes: in
   model, against seconds with a cache its size). Each of `CB_SETTINGS` at 2 torch threads,
   then the fastest at 1, is timed on the first 16 prompts' first 32 tokens after a warm-up
   call; the fastest runs the workload, the calibration having warmed it up (eager torch
-  compiles nothing)."""
+  compiles nothing). A run past `args.cb_limit_s` seconds is stopped and recorded as
+  unfinished, with the rows it had finished."""
   import torch
   import transformers
 
@@ -209,16 +210,51 @@ def run_continuous_batching(model_dir, prompts, args, end_ids, cfg, kv_bytes: in
   best, label, threads = _fastest(calibration)
   torch.set_num_threads(threads)
   cb, allocated = cache(label)
+  out |= {"setting": best, "calibration_tokens_per_s": calibration, "peak_kv_bytes": allocated}
+  lengths, seconds = _generate_batch_until(hf, prompts, config, cb, args.cb_limit_s)
+  rows = len(prompts) * args.samples
+  if len(lengths) < rows:
+    print(f"  transformers generate_batch: {len(lengths)} of {rows} rows after {seconds:.0f} s")
+    return out | {
+      "unfinished": {
+        "limit_s": args.cb_limit_s, "seconds": seconds, "finished_rows": len(lengths),
+        "rows": rows, "finished_useful_tokens": int(lengths.sum()),
+      }
+    }  # fmt: skip
+  return out | measured(lengths, seconds)
+
+
+def _generate_batch_until(hf, prompts, config, cb, limit_s: float) -> tuple[np.ndarray, float]:
+  """The loop of `generate_batch` (transformers 5.23: its manager, sized by the same workload
+  hints, warmed up and started, then every finished row collected), ended after `limit_s`
+  seconds: the finished rows' lengths and the seconds, from before the manager's warm-up as a
+  timed `generate_batch` call counts them."""
+  import torch
+  from transformers.generation.continuous_batching.utils import WorkloadHints
+
+  rows = len(prompts) * config.num_return_sequences
+  hints = WorkloadHints(
+    max_prompt_length=max(map(len, prompts)),
+    max_generated_length=config.max_new_tokens,
+    num_requests=rows,
+  )
+  lengths = []
   start = time.perf_counter()
-  result = hf.generate_batch(prompts, generation_config=config, continuous_batching_config=cb)
-  seconds = time.perf_counter() - start
-  lengths = np.array([len(r.generated_tokens) for r in result.values()])
-  return out | {
-    "setting": best,
-    "calibration_tokens_per_s": calibration,
-    **measured(lengths, seconds),
-    "peak_kv_bytes": allocated,
-  }
+  with (
+    torch.no_grad(),
+    hf.continuous_batching_context_manager(
+      generation_config=config, continuous_batching_config=cb, timeout=5, workload_hints=hints
+    ) as manager,
+  ):
+    manager.add_requests(inputs=prompts, max_new_tokens=config.max_new_tokens)
+    while len(lengths) < rows and time.perf_counter() - start < limit_s:
+      result = manager.get_result(timeout=1)
+      if result is not None and result.is_finished():
+        lengths.append(len(result.generated_tokens))
+      elif result is None and not manager.is_running():
+        raise RuntimeError(f"transformers' generation thread stopped after {len(lengths)} rows")
+    seconds = time.perf_counter() - start
+  return np.array(lengths), seconds
 
 
 def run_tunix(python, model_dir, prompt, mask, args, end_ids) -> dict:

@@ -8,14 +8,17 @@ import pytest
 from experiments.benchmarks import bench_engine, common
 from experiments.lib import provenance
 
+LENGTHS = {"mean": 100.0, "p10": 5.0, "p50": 80.0, "p90": 512.0, "max": 512.0}
+RUN = {  # a run's workload and engine, which every table row is measured against
+  "workload": {"prompts": 2, "samples": 4, "page_size": 16, "kv_bytes_per_token": 1024},
+  "engine": {"tokens_per_s": 200.0, "seconds": 4.0, "lengths": LENGTHS, "slots": 8,
+             "peak_kv_bytes": 2**20, "pool_kv_bytes": 2**31},
+}  # fmt: skip
+
 
 def test_report_rows_come_from_the_run():
-  lengths = {"mean": 100.0, "p10": 5.0, "p50": 80.0, "p90": 512.0, "max": 512.0}
-  row = {
-    "workload": {"prompts": 2, "samples": 4, "page_size": 16, "kv_bytes_per_token": 1024},
-    "engine": {"tokens_per_s": 200.0, "seconds": 4.0, "lengths": lengths, "slots": 8,
-               "peak_kv_bytes": 2**20, "pool_kv_bytes": 2**31},
-    "static": {"tokens_per_s": 100.0, "seconds": 8.0, "lengths": lengths, "decode_steps": 512,
+  row = RUN | {
+    "static": {"tokens_per_s": 100.0, "seconds": 8.0, "lengths": LENGTHS, "decode_steps": 512,
                "useful_tokens": 800, "peak_kv_bytes": 3 * 2**20},
     "tunix": {"tokens_per_s": 50.0, "seconds": [16.0], "median_s": 16.0,
               "lengths": [1, 2, 3, 4, 5, 6, 7, 512], "settings": {"batch": 8, "cache_size": 528}},
@@ -38,11 +41,7 @@ def test_report_rows_come_from_the_run():
 
 
 def test_an_unfinished_generate_batch_is_reported_with_its_finished_rows():
-  lengths = {"mean": 100.0, "p10": 5.0, "p50": 80.0, "p90": 512.0, "max": 512.0}
-  row = {
-    "workload": {"prompts": 2, "samples": 4, "page_size": 16, "kv_bytes_per_token": 1024},
-    "engine": {"tokens_per_s": 200.0, "seconds": 4.0, "lengths": lengths, "slots": 8,
-               "peak_kv_bytes": 2**20, "pool_kv_bytes": 2**31},
+  row = RUN | {
     "transformers_continuous_batching": {
       "setting": "pages of 16, 2 torch threads", "peak_kv_bytes": 2**31,
       "unfinished": {"limit_s": 60.0, "seconds": 60.4, "finished_rows": 3, "rows": 8,
